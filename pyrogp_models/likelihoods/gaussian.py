@@ -1,0 +1,36 @@
+"""Gaussian likelihood p(y|f) = N(y | f, σ²), everything in closed form."""
+
+from __future__ import annotations
+
+import math
+
+from pyro import distributions as dist
+from pyro.distributions import constraints
+
+from pyrogp_models.likelihoods.base import Likelihood
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+class Gaussian(Likelihood):
+    """Homoscedastic Gaussian noise with learned variance σ² (per batch member)."""
+
+    name = "gaussian"
+    PARAMETERS = {"variance": (0.1, constraints.positive)}
+    standardise_targets = True
+
+    def expected_log_prob(self, y, mean, var):
+        """E_q[log N(y|f,σ²)] = −½log(2πσ²) − ((y−m)² + v)/(2σ²)."""
+        noise = self._param("variance")
+        return -0.5 * (_LOG_2PI + noise.log() + ((y - mean).square() + var) / noise)
+
+    def log_predictive(self, y, mean, var):
+        """log N(y | m, v + σ²)."""
+        total = var + self._param("variance")
+        return -0.5 * (_LOG_2PI + total.log() + (y - mean).square() / total)
+
+    def predictive_moments(self, mean, var):
+        return mean, var + self._param("variance")
+
+    def distribution(self, f):
+        return dist.Normal(f, self._param("variance").sqrt())

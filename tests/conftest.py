@@ -1,0 +1,16 @@
+"""Shared test settings: float64 by default, module-local Pyro parameters, fixed seeds."""
+
+import pyro
+import pytest
+import torch
+
+pyro.settings.set(module_local_params=True)
+
+
+@pytest.fixture(autouse=True)
+def float64_and_seed():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    pyro.set_rng_seed(0)
+    yield
+    torch.set_default_dtype(previous)

@@ -1,0 +1,75 @@
+"""Batched kernels against direct per-element formulas and against pyro.contrib.gp."""
+
+import math
+
+import pytest
+import torch
+from pyro.contrib.gp import kernels as pyro_kernels
+
+from pyrogp_models.kernels import PROFILES, Stationary
+
+
+def direct(family, x, z, lengthscale, variance):
+    r = math.sqrt(sum(((a - b) / l) ** 2 for a, b, l in zip(x, z, lengthscale, strict=True)))
+    if family == "rbf":
+        return variance * math.exp(-0.5 * r * r)
+    if family == "matern12":
+        return variance * math.exp(-r)
+    if family == "matern32":
+        return variance * (1 + math.sqrt(3) * r) * math.exp(-math.sqrt(3) * r)
+    return variance * (1 + math.sqrt(5) * r + 5 * r * r / 3) * math.exp(-math.sqrt(5) * r)
+
+
+@pytest.mark.parametrize("family", sorted(PROFILES))
+@pytest.mark.parametrize("ard", [False, True])
+def test_batched_kernel_matches_elementwise_formula(family, ard):
+    K, N, M, D = 3, 4, 5, 2
+    lengthscale = torch.rand(K, D if ard else 1) + 0.5
+    variance = torch.rand(K) + 0.5
+    kernel = Stationary(family, D, (K,), ard, lengthscale, variance)
+    X, Z = torch.randn(K, N, D), torch.randn(K, M, D)
+    values = kernel(X, Z)
+    assert values.shape == (K, N, M)
+    for k in range(K):
+        ls = lengthscale[k].expand(D).tolist()
+        for n in range(N):
+            for m in range(M):
+                expected = direct(family, X[k, n].tolist(), Z[k, m].tolist(), ls,
+                                  variance[k].item())
+                assert values[k, n, m].item() == pytest.approx(expected, rel=1e-12, abs=1e-14)
+    assert torch.allclose(kernel.diag(X), torch.diagonal(kernel(X), dim1=-2, dim2=-1))
+
+
+@pytest.mark.parametrize("family,pyro_class", [("rbf", pyro_kernels.RBF),
+                                               ("matern32", pyro_kernels.Matern32),
+                                               ("matern52", pyro_kernels.Matern52),
+                                               ("matern12", pyro_kernels.Exponential)])
+def test_agrees_with_pyro_contrib_gp(family, pyro_class):
+    X = torch.randn(7, 3)
+    ours = Stationary(family, 3, (), True, torch.tensor([0.5, 1.0, 2.0]), 1.7)
+    reference = pyro_class(3, variance=torch.tensor(1.7),
+                           lengthscale=torch.tensor([0.5, 1.0, 2.0]))
+    assert torch.allclose(ours(X), reference(X), atol=1e-12)
+
+
+def test_gradients_are_finite_at_zero_distance():
+    kernel = Stationary("matern12", 1, (), False, 1.0, 1.0)
+    X = torch.zeros(3, 1)
+    kernel(X).sum().backward()
+    for p in kernel.parameters():
+        assert torch.isfinite(p.grad).all()
+
+
+def test_parameters_are_constrained_positive():
+    kernel = Stationary("rbf", 2, (4,), True, 0.3, 2.0)
+    names = dict(kernel.named_parameters())
+    assert set(names) == {"lengthscale_unconstrained", "variance_unconstrained"}
+    with torch.no_grad():
+        for p in kernel.parameters():
+            p.fill_(-50.0)
+    assert (kernel.lengthscale > 0).all() and (kernel.variance > 0).all()
+
+
+def test_unknown_family_is_rejected():
+    with pytest.raises(ValueError, match="unknown kernel family"):
+        Stationary("cosine", 1)

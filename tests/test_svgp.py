@@ -1,0 +1,183 @@
+"""The batched SVGP against the exact GP, against single fits and against Pyro's own ELBO."""
+
+import math
+
+import numpy as np
+import pyro
+import pytest
+import torch
+
+from inference.local_fit import LocalFitSpec, fit_local
+from inference.metrics import nlpd
+from inference.trainer import TrainConfig, train
+from pyrogp_models.collapsed import collapsed_bound, set_optimal_posterior
+from pyrogp_models.kernels import Stationary
+from pyrogp_models.kullback_leiblers import kl_to_standard_normal, kl_to_zero_mean
+from pyrogp_models.likelihoods import Gaussian
+from pyrogp_models.local import LocalGPs
+from pyrogp_models.partition import partition_contiguous, partition_random
+from pyrogp_models.svgp import BatchedSVGP, minibatch
+
+
+def random_cholesky(*shape):
+    A = torch.randn(*shape, shape[-1])
+    return torch.linalg.cholesky(A @ A.mT + 0.5 * torch.eye(shape[-1]))
+
+
+def test_kl_terms_equal_torch_distributions():
+    mean, chol, prior = torch.randn(4, 6), random_cholesky(4, 6), random_cholesky(4, 6)
+    q = torch.distributions.MultivariateNormal(mean, scale_tril=chol)
+    p = torch.distributions.MultivariateNormal(torch.zeros(6), scale_tril=prior)
+    standard = torch.distributions.MultivariateNormal(torch.zeros(6), torch.eye(6))
+    assert torch.allclose(kl_to_zero_mean(mean, chol, prior),
+                          torch.distributions.kl_divergence(q, p), rtol=0, atol=1e-10)
+    assert torch.allclose(kl_to_standard_normal(mean, chol),
+                          torch.distributions.kl_divergence(q, standard), rtol=0, atol=1e-10)
+
+
+def exact_gp(X, y, Xs, lengthscale, variance, noise):
+    """Textbook GP regression in float64 numpy (Rasmussen & Williams, Alg. 2.1)."""
+    def k(a, b):
+        return variance * np.exp(-0.5 * (a[:, None, 0] - b[None, :, 0]) ** 2 / lengthscale**2)
+    L = np.linalg.cholesky(k(X, X) + noise * np.eye(len(X)))
+    alpha = np.linalg.solve(L.T, np.linalg.solve(L, y))
+    Ks = k(X, Xs)
+    v = np.linalg.solve(L, Ks)
+    mean, var = Ks.T @ alpha, variance - (v**2).sum(0)
+    lml = -0.5 * y @ alpha - np.log(np.diag(L)).sum() - 0.5 * len(X) * math.log(2 * math.pi)
+    return lml, mean, var
+
+
+def single_svgp_at_data(X, y, noise=0.05):
+    kernel = Stationary("rbf", 1, (1, 1), False, 0.6, 1.3)
+    likelihood = Gaussian((1,), variance=noise)
+    model = BatchedSVGP(X.unsqueeze(0).clone(), kernel, likelihood, learn_inducing=False,
+                        jitter=1e-12)
+    return model
+
+
+def test_svgp_with_inducing_at_data_is_the_exact_gp():
+    torch.manual_seed(3)
+    X = torch.rand(25, 1) * 6
+    y = torch.sin(X[:, 0]) + 0.2 * torch.randn(25)
+    Xs = torch.linspace(-1, 7, 40).unsqueeze(-1)
+    lml, mean, var = exact_gp(X.numpy(), y.numpy(), Xs.numpy(), 0.6, 1.3, 0.05)
+    model = single_svgp_at_data(X, y)
+    mask = torch.ones(1, 25, dtype=torch.bool)
+    # Optimise q(u) by L-BFGS with the hyperparameters held fixed.
+    for p in [*model.kernel.parameters(), *model.likelihood.parameters()]:
+        p.requires_grad_(False)
+    train(model, X.unsqueeze(0), y.unsqueeze(0), mask,
+          config=TrainConfig(optimizer="lbfgs", lr=1.0, steps=60, tol=None))
+    elbo = model.elbo(X.unsqueeze(0), y.unsqueeze(0), mask).item()
+    assert elbo == pytest.approx(lml, rel=1e-6)
+    assert collapsed_bound(model, X.unsqueeze(0), y.unsqueeze(0), mask).item() == \
+        pytest.approx(lml, rel=1e-8)
+    pred_mean, pred_var = model.latent(Xs.unsqueeze(0))
+    assert np.allclose(pred_mean[0].detach().numpy(), mean, atol=1e-6)
+    assert np.allclose(pred_var[0].detach().numpy(), var, atol=1e-6)
+
+
+def test_collapsed_optimum_attains_the_collapsed_bound_with_padding():
+    torch.manual_seed(4)
+    K, N, M = 3, 30, 7
+    X = torch.rand(K, N, 1) * 4
+    y = torch.cos(2 * X[..., 0]) + 0.1 * torch.randn(K, N)
+    mask = torch.ones(K, N, dtype=torch.bool)
+    mask[0, 20:] = False
+    mask[2, 11:] = False
+    model = BatchedSVGP(torch.rand(K, M, 1) * 4, Stationary("matern52", 1, (K, 1), False, 0.8, 1.1),
+                        Gaussian((K,), variance=0.03))
+    bound = collapsed_bound(model, X, y, mask)
+    set_optimal_posterior(model, X, y, mask)
+    assert torch.allclose(model.elbo(X, y, mask), bound, rtol=1e-9)
+    # Padding is invisible: the bound of partition 2 equals that computed on its 11 points alone.
+    alone = BatchedSVGP(model.inducing[2:3].detach(), Stationary("matern52", 1, (1, 1), False,
+                                                                  0.8, 1.1),
+                        Gaussian((1,), variance=0.03))
+    single = collapsed_bound(alone, X[2:3, :11], y[2:3, :11], torch.ones(1, 11, dtype=bool))
+    assert single.item() == pytest.approx(bound[2].item(), rel=1e-12)
+
+
+def test_pyro_loss_is_the_negative_analytic_elbo_and_minibatches_are_unbiased():
+    torch.manual_seed(5)
+    K, N = 2, 40
+    X, y = torch.rand(K, N, 1), torch.randn(K, N)
+    mask = torch.ones(K, N, dtype=torch.bool)
+    mask[1, 25:] = False
+    model = BatchedSVGP(torch.rand(K, 5, 1), Stationary("rbf", 1, (K, 1)), Gaussian((K,)))
+    with torch.no_grad():
+        model.q_mean = torch.randn(K, 1, 5)
+    elbo = pyro.infer.TraceMeanField_ELBO()
+    loss = elbo.differentiable_loss(model.model, model.guide, X, y, mask)
+    assert loss.item() == pytest.approx(-model.elbo(X, y, mask).sum().item(), rel=1e-12)
+    with torch.no_grad():
+        estimates = torch.stack([model.expected_log_lik(*minibatch(X, y, mask, 8)).sum()
+                                 for _ in range(3000)]) - model.kl().sum()
+    full = model.elbo(X, y, mask).sum().item()
+    standard_error = estimates.std() / math.sqrt(len(estimates))
+    assert abs(estimates.mean().item() - full) < 4 * standard_error.item()
+    assert standard_error.item() > 0
+
+
+def test_batched_fit_equals_separate_fits():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 3, size=(150, 1))
+    y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(150)
+    partition = partition_contiguous(X, 3)
+    spec = LocalFitSpec(num_inducing=6, inducing_init="grid")
+    config = TrainConfig(steps=150, lr=0.03, tol=None, seed=1)
+    batched = fit_local(X, y, partition, spec, config)
+    for k in range(3):
+        rows = partition.indices(k)
+        alone_model = LocalGPs(
+            torch.as_tensor(batched.standardisation.transform_x(X[rows])),
+            torch.as_tensor(batched.standardisation.transform_y(y[rows])),
+            partition_random(len(rows), 1, 0), 6, inducing_init="grid")
+        train(alone_model, None, config=config)
+        assert alone_model.elbo().item() == pytest.approx(
+            batched.model.elbo()[k].item(), rel=1e-6)
+
+
+def test_groups_with_different_numbers_of_inducing_inputs():
+    rng = np.random.default_rng(1)
+    X = rng.uniform(0, 4, size=(200, 1))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(200)
+    partition = partition_contiguous(X, 4)
+    fit = fit_local(X, y, partition, LocalFitSpec(num_inducing=[4, 9, 4, 9], collapsed=True),
+                    TrainConfig(steps=100, tol=None))
+    sizes = [m.num_inducing for m in fit.modules.values()]
+    assert sizes == [4, 9, 4, 9]
+    assert [m.info["partition"] for m in fit.modules.values()] == [0, 1, 2, 3]
+    # Each module predicts its own partition far better than the constant mean.
+    for k, module in enumerate(fit.modules.values()):
+        rows = partition.indices(k)
+        mean, _ = module.predict_y(X[rows])
+        assert np.mean((mean.numpy() - y[rows]) ** 2) < 0.1 * np.var(y)
+
+
+def test_random_labels_give_log_two():
+    rng = np.random.default_rng(2)
+    X = rng.uniform(size=(400, 1))
+    y = (rng.uniform(size=400) < 0.5).astype(float)
+    fit = fit_local(X, y, partition_random(400, 2, 0),
+                    LocalFitSpec(num_inducing=5, likelihood="bernoulli"),
+                    TrainConfig(steps=200, lr=0.05))
+    X_test = rng.uniform(size=(2000, 1))
+    y_test = (rng.uniform(size=2000) < 0.5).astype(float)
+    log_density = fit.modules["part000"].log_predictive(X_test, y_test)
+    assert nlpd(log_density) == pytest.approx(math.log(2), abs=0.02)
+
+
+def test_float32_fit_runs_and_matches_float64_roughly():
+    rng = np.random.default_rng(3)
+    X = rng.uniform(0, 5, size=(300, 1))
+    y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(300)
+    partition = partition_contiguous(X, 3)
+    config = TrainConfig(steps=300, lr=0.05, tol=None)
+    fits = {dtype: fit_local(X, y, partition, LocalFitSpec(num_inducing=6, dtype=dtype), config)
+            for dtype in (torch.float32, torch.float64)}
+    assert fits[torch.float32].modules["part000"].dtype == torch.float32
+    e32 = np.array([m.elbo for m in fits[torch.float32].modules.values()])
+    e64 = np.array([m.elbo for m in fits[torch.float64].modules.values()])
+    assert np.allclose(e32, e64, rtol=1e-2)
