@@ -93,9 +93,10 @@ class Module:
                         what=f"K_zz of module '{self.info.get('name', '?')}'")
 
     def likelihood(self) -> Likelihood:
-        """The module's observation model, unbatched."""
-        return make_likelihood(self.likelihood_name, (), self.dtype, self.inducing.device,
-                               **self.likelihood_options, **self.likelihood_params)
+        """The module's observation model, unbatched, with frozen parameters."""
+        likelihood = make_likelihood(self.likelihood_name, (), self.dtype, self.inducing.device,
+                                     **self.likelihood_options, **self.likelihood_params)
+        return likelihood.requires_grad_(False)
 
     def _inputs(self, X) -> torch.Tensor:
         X = torch.as_tensor(X, dtype=self.dtype, device=self.inducing.device)

@@ -181,3 +181,46 @@ def test_float32_fit_runs_and_matches_float64_roughly():
     e32 = np.array([m.elbo for m in fits[torch.float32].modules.values()])
     e64 = np.array([m.elbo for m in fits[torch.float64].modules.values()])
     assert np.allclose(e32, e64, rtol=1e-2)
+
+
+def test_heteroscedastic_fit_learns_growing_noise():
+    rng = np.random.default_rng(4)
+    X = rng.uniform(0, 1, size=(600, 1))
+    y = np.sin(6 * X[:, 0]) + (0.05 + 0.8 * X[:, 0]) * rng.standard_normal(600)
+    fit = fit_local(X, y, partition_random(600, 1, 0),
+                    LocalFitSpec(num_inducing=8, likelihood="heteroscedastic"),
+                    TrainConfig(steps=600, lr=0.05))
+    module = fit.modules["part000"]
+    assert module.num_latent == 2
+    _, var_y = module.predict_y(np.array([[0.1], [0.9]]))
+    true_sd = 0.05 + 0.8 * np.array([0.1, 0.9])
+    assert var_y[1] > 10 * var_y[0]
+    assert np.allclose(np.sqrt(var_y.numpy()), true_sd, rtol=0.5)
+
+
+@pytest.mark.parametrize("link", ["softmax", "robustmax"])
+def test_categorical_fit_separates_three_classes(link):
+    rng = np.random.default_rng(5)
+    labels = rng.integers(0, 3, size=300)
+    X = np.stack([np.cos(2.1 * labels), np.sin(2.1 * labels)], 1) + 0.3 * rng.standard_normal(
+        (300, 2))
+    fit = fit_local(X, labels.astype(float), partition_random(300, 1, 0),
+                    LocalFitSpec(num_inducing=9, likelihood="categorical",
+                                 likelihood_options={"num_classes": 3, "link": link}),
+                    TrainConfig(steps=300, lr=0.05, tol=None))
+    probs, _ = fit.modules["part000"].predict_y(X)
+    assert probs.shape == (300, 3)
+    assert (probs.argmax(-1).numpy() == labels).mean() > 0.9
+
+
+def test_poisson_fit_recovers_the_rate():
+    rng = np.random.default_rng(6)
+    X = rng.uniform(0, 1, size=(500, 1))
+    rate = np.exp(1.0 + np.sin(4 * X[:, 0]))
+    y = rng.poisson(rate).astype(float)
+    fit = fit_local(X, y, partition_random(500, 1, 0),
+                    LocalFitSpec(num_inducing=8, likelihood="poisson"),
+                    TrainConfig(steps=400, lr=0.05))
+    mean, _ = fit.modules["part000"].predict_y(np.array([[0.2], [0.5], [0.8]]))
+    expected = np.exp(1.0 + np.sin(4 * np.array([0.2, 0.5, 0.8])))
+    assert np.allclose(mean.numpy(), expected, rtol=0.2)

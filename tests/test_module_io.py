@@ -1,0 +1,129 @@
+"""Module files: bit-exact round trips, and every kind of damage is refused with the file named."""
+
+import json
+import math
+import os
+import struct
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+from inference.local_fit import LocalFitSpec, fit_local
+from inference.trainer import TrainConfig
+from pyrogp_models import module_io
+from pyrogp_models.errors import ModuleFileError
+from pyrogp_models.partition import partition_contiguous
+
+
+@pytest.fixture(scope="module")
+def modules():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 3, size=(120, 2))
+    y = np.sin(X[:, 0]) * np.cos(X[:, 1]) + 0.1 * rng.standard_normal(120)
+    fit = fit_local(X, y, partition_contiguous(X, 3), LocalFitSpec(num_inducing=5, ard=True),
+                    TrainConfig(steps=30))
+    return fit.modules
+
+
+def same_module(a, b):
+    tensors = ("lengthscale", "variance", "inducing", "q_mean", "q_chol")
+    return (all(torch.equal(getattr(a, t), getattr(b, t)) for t in tensors)
+            and a.likelihood_params.keys() == b.likelihood_params.keys()
+            and all(torch.equal(a.likelihood_params[k], b.likelihood_params[k])
+                    for k in a.likelihood_params)
+            and (a.kernel_family, a.likelihood_name, a.likelihood_options, a.num_data, a.elbo,
+                 a.jitter, a.info) == (b.kernel_family, b.likelihood_name, b.likelihood_options,
+                                       b.num_data, b.elbo, b.jitter, b.info)
+            and a.standardisation.to_dict() == b.standardisation.to_dict())
+
+
+def test_folder_round_trip_is_bit_exact(modules, tmp_path):
+    module_io.save_modules(modules, tmp_path / "m", {"kind": "random", "num_partitions": 3})
+    loaded = module_io.load_modules(tmp_path / "m")
+    assert list(loaded) == list(modules)
+    for name in modules:
+        assert same_module(modules[name], loaded[name])
+    assert module_io.read_index(tmp_path / "m")["partition"]["kind"] == "random"
+    # Re-saving a loaded module gives the identical bytes.
+    first = modules["part000"]
+    assert module_io.module_to_bytes(first) == module_io.module_to_bytes(loaded["part000"])
+    assert (tmp_path / "m" / "part000.safetensors").stat().st_size < 4096
+
+
+def test_loading_never_unpickles(modules, tmp_path):
+    path = module_io.save_module(modules["part001"], tmp_path / "one")
+    assert path.read_bytes()[:8] == struct.pack("<Q", len(path.read_bytes()) - 8 - sum(
+        t.numel() * t.element_size() for t in load_tensors(path.read_bytes()).values()))
+    assert b"\x80\x04" not in path.read_bytes()[:2]  # not a pickle stream
+
+
+@pytest.mark.parametrize("where", [0.02, 0.3, 0.6, 0.95])
+def test_a_flipped_byte_anywhere_is_detected(modules, tmp_path, where):
+    path = module_io.save_module(modules["part000"], tmp_path / "m")
+    data = bytearray(path.read_bytes())
+    position = int(where * (len(data) - 1))
+    data[position] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModuleFileError, match=str(path.name)):
+        module_io.load_module(path)
+
+
+def test_truncated_and_missing_files(modules, tmp_path):
+    path = module_io.save_module(modules["part000"], tmp_path / "m")
+    data = path.read_bytes()
+    for cut in (4, 20, len(data) // 2, len(data) - 1):
+        path.write_bytes(data[:cut])
+        with pytest.raises(ModuleFileError, match="m.safetensors"):
+            module_io.load_module(path)
+    with pytest.raises(ModuleFileError, match="no such module file"):
+        module_io.load_module(tmp_path / "absent.safetensors")
+    with pytest.raises(ModuleFileError, match="not a module folder"):
+        module_io.load_modules(tmp_path)
+
+
+def tampered(module, edit):
+    """Rewrite a module file with edited tensors and a *valid* checksum (a careful forger)."""
+    data = module_io.module_to_bytes(module)
+    (size,) = struct.unpack("<Q", data[:8])
+    metadata = json.loads(data[8:8 + size])["__metadata__"]
+    tensors = load_tensors(data)
+    edit(tensors)
+    metadata["sha256"] = module_io._digest(metadata["pyrogp"], tensors)
+    return save_tensors(tensors, metadata=metadata)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.update(q_mean=t["q_mean"][:, :-1].contiguous()), "q_mean has shape"),
+    (lambda t: t.update(inducing=t["inducing"][:, :1].contiguous()), "shape"),
+    (lambda t: t["q_chol"].__setitem__((0, 1, 1), math.nan), "NaN"),
+    (lambda t: t["variance"].__setitem__(0, -1.0), "positive"),
+    (lambda t: t["q_chol"].__setitem__((0, 0, 1), 0.5), "lower Cholesky"),
+    (lambda t: t["q_chol"].__setitem__((0, 2, 2), 0.0), "lower Cholesky"),
+])
+def test_valid_checksum_but_invalid_content_is_refused(modules, tmp_path, edit, message):
+    path = tmp_path / "forged.safetensors"
+    path.write_bytes(tampered(modules["part002"], edit))
+    with pytest.raises(ModuleFileError, match=message):
+        module_io.load_module(path)
+
+
+def test_newer_format_version_is_refused(modules, tmp_path):
+    from dataclasses import replace
+    path = module_io.save_module(replace(modules["part000"], format_version=99), tmp_path / "m")
+    with pytest.raises(ModuleFileError, match="newer"):
+        module_io.load_module(path)
+
+
+def test_a_crash_during_write_leaves_nothing_half_written(modules, tmp_path, monkeypatch):
+    target = tmp_path / "m.safetensors"
+
+    def crash(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        module_io.save_module(modules["part000"], target)
+    assert list(tmp_path.iterdir()) == []
