@@ -36,9 +36,11 @@ class LocalFitSpec:
 
 @dataclass
 class LocalFit:
-    """The fitted modules (in partition order), the batched model and its training record."""
+    """The fitted modules (in partition order), the partition, the batched model and its
+    training record."""
 
     modules: dict[str, Module]
+    partition: Partition
     model: LocalGPs
     result: TrainResult
     standardisation: Standardisation
@@ -75,4 +77,4 @@ def fit_local(X, y, partition: Partition, spec: LocalFitSpec | None = None,
     result = train(model, spec.batch_size, config=config)
     modules = model.to_modules(standardisation, names,
                                info={"partition_rule": partition.rule.get("kind")})
-    return LocalFit(modules, model, result, standardisation)
+    return LocalFit(modules, partition, model, result, standardisation)

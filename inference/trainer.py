@@ -24,7 +24,7 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from pyrogp_models.module_io import atomic_write
 

@@ -77,7 +77,7 @@ class LocalGPs(PyroModule):
                                      **self.likelihood_options,
                                      **({"variance": noise}
                                         if self.likelihood_name == "gaussian" else {}))
-        lengthscale = _initial_lengthscale(X, mask, ard)
+        lengthscale = _initial_lengthscale(X, mask, ard, M)
         kernel_module = Stationary(kernel, X.shape[-1], (count, likelihood.num_latent), ard,
                                    lengthscale.unsqueeze(1), 1.0, X.dtype, X.device)
         Z = init_inducing(X, M, mask, inducing_init, generator)
@@ -155,11 +155,14 @@ class LocalGPs(PyroModule):
         return dict(modules[k] for k in sorted(modules))
 
 
-def _initial_lengthscale(X: torch.Tensor, mask: torch.Tensor, ard: bool) -> torch.Tensor:
-    """Per-partition spread of the inputs ([K, D], or [K, 1] isotropic), floored at 1e-3."""
+def _initial_lengthscale(X: torch.Tensor, mask: torch.Tensor, ard: bool, num_inducing: int
+                         ) -> torch.Tensor:
+    """Twice the typical spacing of M inducing inputs over each partition's inputs:
+    2·spread/M^(1/D) per dimension ([K, D], or [K, 1] isotropic), floored at 1e-3. Short enough
+    that a fit does not start in the "everything is noise" optimum."""
     weights = mask.to(X.dtype).unsqueeze(-1)
     count = weights.sum(-2).clamp_min(1.0)
     mean = (X * weights).sum(-2) / count
     std = (((X - mean.unsqueeze(-2)) * weights).square().sum(-2) / count).sqrt()
-    std = std.clamp_min(1e-3)
-    return std if ard else std.mean(-1, keepdim=True)
+    spacing = (2.0 * std / num_inducing ** (1.0 / X.shape[-1])).clamp_min(1e-3)
+    return spacing if ard else spacing.mean(-1, keepdim=True)

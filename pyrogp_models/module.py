@@ -82,6 +82,26 @@ class Module:
                        inducing=move(self.inducing), q_mean=move(self.q_mean),
                        q_chol=move(self.q_chol))
 
+    def inducing_inputs(self) -> torch.Tensor:
+        """Z in data units, [M, D]."""
+        s = self.standardisation
+        return self.inducing * _like(s.x_scale, self.inducing) + _like(s.x_mean, self.inducing)
+
+    def hyperparameters(self) -> dict[str, torch.Tensor]:
+        """Kernel and likelihood parameters in data units: ``lengthscale`` [L, D|1] (× the input
+        scale; its mean for an isotropic kernel), ``signal_variance`` [L] and the likelihood's
+        parameters (``noise_variance`` for Gaussian noise), output-scaled where targets were
+        standardised."""
+        s = self.standardisation
+        x_scale = _like(s.x_scale, self.lengthscale)
+        output_scale = s.y_scale**2 if self.likelihood().standardise_targets else 1.0
+        out = {"lengthscale": self.lengthscale * (x_scale if self.ard else x_scale.mean()),
+               "signal_variance": self.variance * output_scale}
+        for key, value in self.likelihood_params.items():
+            name = "noise_variance" if self.likelihood_name == "gaussian" else key
+            out[name] = value * output_scale if key == "variance" else value
+        return out
+
     # Gaussian algebra -------------------------------------------------------------------------
     def kernel(self, X: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
         """k(X, Z) for every latent function: [L, N, M] (inputs in model units)."""
@@ -120,8 +140,9 @@ class Module:
     def predict_y(self, X) -> tuple[torch.Tensor, torch.Tensor]:
         """Predictive mean and variance of y in data units (class probabilities and p(1−p) for
         classifiers)."""
-        mean, var = self.likelihood().predictive_moments(*self.predict_f(X))
-        if self.likelihood().standardise_targets:
+        likelihood = self.likelihood()
+        mean, var = likelihood.predictive_moments(*self.predict_f(X))
+        if likelihood.standardise_targets:
             return (self.standardisation.inverse_y_mean(mean),
                     self.standardisation.inverse_y_var(var))
         return mean, var
@@ -137,6 +158,10 @@ class Module:
             return likelihood.log_predictive(self.standardisation.transform_y(y), mean,
                                              var) - torch.log(torch.as_tensor(scale))
         return likelihood.log_predictive(y, mean, var)
+
+
+def _like(values, reference: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(values, dtype=reference.dtype, device=reference.device)
 
 
 def _layout(values: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ from pyrogp_models.errors import CholeskyError, ModuleFileError
 from pyrogp_models.kernels import PROFILES
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.module import FORMAT_VERSION, Module
+from pyrogp_models.partition import Partition
 
 INDEX_NAME = "modules.json"
 SUFFIX = ".safetensors"
@@ -47,7 +48,8 @@ def _digest(record_json: str, tensors: dict[str, torch.Tensor]) -> str:
 
 
 def module_to_bytes(module: Module) -> bytes:
-    """Serialise a module to the bytes of a safetensors file."""
+    """Serialise a (validated) module to the bytes of a safetensors file."""
+    validate_module(module, f"module '{module.info.get('name', '?')}'")
     tensors = {name: getattr(module, name) for name in _TENSOR_FIELDS}
     tensors.update({f"likelihood.{k}": v for k, v in module.likelihood_params.items()})
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
@@ -171,23 +173,26 @@ def validate_module(module: Module, source: str = "module") -> None:
 
 # Folders of modules -----------------------------------------------------------------------------
 def save_modules(modules: dict[str, Module], folder: str | Path,
-                 partition: dict | None = None) -> Path:
+                 partition: Partition | dict | None = None) -> Path:
     """Write a dictionary of modules and its index into ``folder`` (created if needed).
 
-    ``partition`` is the JSON rule that split the data, keyed by module order, so predictions
-    can route new points (see :class:`pyrogp_models.partition.Partition`).
+    ``partition`` (a :class:`Partition` or its JSON rule) is the rule that split the data, in
+    module order, so predictions can route new points. Everything is checked before anything is
+    written.
     """
     folder = Path(folder)
     for name in modules:
         if not _NAME_PATTERN.match(name):
             raise ValueError(f"module name '{name}' may only use letters, digits, '.', '_', '-'")
+    rule = partition.rule if isinstance(partition, Partition) else partition
+    files = {name: f"{name}{SUFFIX}" for name in modules}
+    index = json.dumps({"format": "pyrogp-modules", "format_version": FORMAT_VERSION,
+                        "modules": files, "partition": rule}, indent=1).encode()
+    contents = {name: module_to_bytes(module) for name, module in modules.items()}
     folder.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for name, module in modules.items():
-        files[name] = save_module(module, folder / f"{name}{SUFFIX}").name
-    index = {"format": "pyrogp-modules", "format_version": FORMAT_VERSION,
-             "modules": files, "partition": partition}
-    atomic_write(folder / INDEX_NAME, json.dumps(index, indent=1).encode())
+    for name, data in contents.items():
+        atomic_write(folder / files[name], data)
+    atomic_write(folder / INDEX_NAME, index)
     return folder
 
 

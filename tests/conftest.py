@@ -5,6 +5,8 @@ import pytest
 import torch
 
 pyro.settings.set(module_local_params=True)
+# The test problems are small: one thread avoids hand-off costs that dominate on a busy machine.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
