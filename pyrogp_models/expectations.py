@@ -76,7 +76,7 @@ class ContrastiveQuadratic(NamedTuple):
 def contrastive_quadratic(projection: torch.Tensor, prior_cov: torch.Tensor,
                           module_mean: torch.Tensor, module_chol: torch.Tensor,
                           module_prior_chol: torch.Tensor) -> ContrastiveQuadratic:
-    """The quadratic form of the contrastive sum over a batch of modules (summed over dim 0).
+    """The quadratic form of the contrastive sum over a batch of K modules (summed over them).
 
     Args:
         projection: B_k = L_**⁻¹K_*k, [K, M, M_k].
@@ -87,12 +87,14 @@ def contrastive_quadratic(projection: torch.Tensor, prior_cov: torch.Tensor,
     site = triangular_solve(module_chol, projection.mT)  # L_k⁻¹B_kᵀ
     prior_site = triangular_solve(module_prior_chol, projection.mT)  # L_pk⁻¹B_kᵀ
     whitened_mean = triangular_solve(module_chol, module_mean.unsqueeze(-1))  # L_k⁻¹μ_k
-    precision = (site.mT @ site - prior_site.mT @ prior_site).sum(0)
-    shift = (site.mT @ whitened_mean).squeeze(-1).sum(0)
-    site_trace_q = (trace_of_solve(module_chol, prior_cov) - trace_of_solve(module_prior_chol,
-                                                                             prior_cov)
+    stacked_site = site.reshape(-1, site.shape[-1])  # Σ_k over modules as one product
+    stacked_prior_site = prior_site.reshape(-1, site.shape[-1])
+    precision = stacked_site.mT @ stacked_site - stacked_prior_site.mT @ stacked_prior_site
+    shift = stacked_site.mT @ whitened_mean.reshape(-1)
+    site_trace_q = (trace_of_solve(module_chol, prior_cov)  # tr(P_k Q_k)
+                    - trace_of_solve(module_prior_chol, prior_cov)
                     - site.square().sum((-2, -1)) + prior_site.square().sum((-2, -1)))
     constant = -0.5 * (site_trace_q + whitened_mean.square().sum((-2, -1))
                        + logdet_from_cholesky(module_chol)
-                       - logdet_from_cholesky(module_prior_chol)).sum(0)
+                       - logdet_from_cholesky(module_prior_chol)).sum()
     return ContrastiveQuadratic(precision, shift, constant)

@@ -1,0 +1,79 @@
+"""The ``pyrogp`` command line: a thin argparse front end over the command modules.
+
+Each command module exposes ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``;
+a new command is one more entry in :data:`COMMANDS`. Errors caused by the input (bad data, broken
+module files, missing files) print one line, ``pyrogp: error: <message>``, and exit with code 2;
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from pyrogp_models.errors import PyrogpError
+
+#: The command modules, in the order ``pyrogp --help`` lists them.
+COMMANDS = [
+    "inference.commands.fit_local",
+    "inference.commands.info",
+    "inference.commands.predict",
+    "inference.commands.evaluate",
+]
+
+#: Exceptions that describe bad input rather than a bug: reported in one line.
+USER_ERRORS = (PyrogpError, OSError, ValueError, FloatingPointError)
+
+_DEBUG_HELP = "show the full traceback of an error"
+_MAX_MESSAGE = 400
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pyrogp", description="Gaussian processes fitted on partitions of data.")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
+    subparsers = parser.add_subparsers(metavar="COMMAND", required=True)
+    for module_name in COMMANDS:
+        command = importlib.import_module(module_name)
+        subparser = subparsers.add_parser(command.NAME, help=command.HELP,
+                                          description=command.HELP)
+        # SUPPRESS keeps a global --debug from being reset by the subcommand's default.
+        subparser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                               help=_DEBUG_HELP)
+        command.add_arguments(subparser)
+        subparser.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_request:  # argparse has printed usage or help
+        return int(exit_request.code or 0)
+    try:
+        return args.run(args)
+    except USER_ERRORS as error:
+        if args.debug:
+            raise
+        print(f"pyrogp: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pyrogp: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.filename is not None:
+        message = f"{error.strerror or 'cannot access'}: {error.filename}"
+    else:
+        message = str(error) or type(error).__name__
+    message = " ".join(message.split())
+    return message if len(message) <= _MAX_MESSAGE else message[:_MAX_MESSAGE - 3] + "..."
+
+
+if __name__ == "__main__":
+    sys.exit(main())

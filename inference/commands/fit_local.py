@@ -1,0 +1,143 @@
+"""``pyrogp fit-local``: fit one sparse variational GP per partition of a data file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from inference.commands.common import check_output_folder, describe_rule, write_module_folder
+from inference.local_fit import LocalFitSpec, fit_local
+from inference.tables import format_table
+from inference.trainer import TrainConfig
+from pyrogp_models.data import Table, load_table, split_features_target
+from pyrogp_models.errors import DataError
+from pyrogp_models.kernels import PROFILES
+from pyrogp_models.likelihoods import LIKELIHOODS
+from pyrogp_models.partition import (
+    Partition,
+    partition_by_label,
+    partition_contiguous,
+    partition_kmeans,
+    partition_random,
+)
+
+NAME = "fit-local"
+HELP = "fit one sparse GP per partition of the data and save them as a module folder"
+
+PARTITION_KINDS = ("random", "kmeans", "contiguous")
+LINKED_LIKELIHOODS = ("bernoulli", "categorical")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("data", metavar="DATA", type=Path, help="CSV (with header) or .npz")
+    parser.add_argument("--target", required=True, help="the column to predict")
+    parser.add_argument("--features", help="comma-separated feature columns (default: every "
+                                           "column but the target and the partition column)")
+    parser.add_argument("--partitions", type=int, metavar="K",
+                        help="number of partitions (not needed with --partition-by COLUMN)")
+    parser.add_argument("--partition-by", default="kmeans",
+                        metavar="random|kmeans|contiguous|COLUMN",
+                        help="how to split the data; a column name gives one partition per "
+                             "distinct value (default: kmeans)")
+    parser.add_argument("--dim", type=int, default=0,
+                        help="input dimension cut into blocks by --partition-by contiguous")
+    parser.add_argument("--inducing", type=int, required=True, metavar="M",
+                        help="inducing inputs per partition")
+    parser.add_argument("--likelihood", default="gaussian", choices=sorted(LIKELIHOODS),
+                        help="observation model (default: gaussian)")
+    parser.add_argument("--classes", type=int, metavar="C",
+                        help="number of classes for categorical (default: largest label + 1)")
+    parser.add_argument("--link", help="bernoulli: logit|probit; categorical: softmax|robustmax")
+    parser.add_argument("--kernel", default="rbf", choices=sorted(PROFILES),
+                        help="kernel family (default: rbf)")
+    parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
+    parser.add_argument("--steps", type=int, default=1000, help="maximum optimiser steps")
+    parser.add_argument("--lr", type=float, default=0.05, help="Adam learning rate")
+    parser.add_argument("--batch-size", type=int, metavar="B", help="minibatch size per partition")
+    parser.add_argument("--collapsed", action="store_true",
+                        help="train on the collapsed bound (gaussian only)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--float32", action="store_true", help="fit in single precision")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR",
+                        help="module folder to write (an existing module folder is replaced)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.inducing < 1:
+        raise DataError(f"--inducing must be at least 1, got {args.inducing}")
+    check_output_folder(args.out)
+    table = load_table(args.data)
+    partition_column = None if args.partition_by in PARTITION_KINDS else args.partition_by
+    features = _feature_names(table, args.target, args.features, partition_column)
+    X, y = split_features_target(table, args.target, features)
+    partition = _make_partition(args, table, X, partition_column)
+    spec = LocalFitSpec(
+        num_inducing=args.inducing, likelihood=args.likelihood,
+        likelihood_options=_likelihood_options(args, y), kernel=args.kernel, ard=args.ard,
+        collapsed=args.collapsed, batch_size=args.batch_size,
+        dtype=torch.float32 if args.float32 else torch.float64)
+    config = TrainConfig(lr=args.lr, steps=args.steps, seed=args.seed,
+                         progress=sys.stderr.isatty())
+    fit = fit_local(X, y, partition, spec, config)
+    info = {"features": features, "target": args.target}
+    if partition_column is not None:
+        info["partition_column"] = partition_column
+    modules = {name: replace(module, info={**module.info, **info})
+               for name, module in fit.modules.items()}
+    write_module_folder(modules, args.out, partition.rule)
+    rows = [(name, module.num_data, module.num_inducing, module.elbo)
+            for name, module in modules.items()]
+    print(format_table(["module", "N", "M", "ELBO"], rows))
+    status = "converged" if fit.result.converged else "step limit reached"
+    print(f"\n{len(modules)} modules ({describe_rule(partition.rule)}) written to {args.out}; "
+          f"{fit.result.steps} steps, {status}")
+    return 0
+
+
+def _feature_names(table: Table, target: str, listed: str | None,
+                   partition_column: str | None) -> list[str]:
+    table.column(target)
+    if partition_column is not None and partition_column not in table.columns:
+        raise DataError(f"--partition-by '{partition_column}' is neither "
+                        f"{', '.join(PARTITION_KINDS)} nor a column of the data "
+                        f"({', '.join(table.columns)})")
+    if listed is None:
+        return [name for name in table.columns if name not in (target, partition_column)]
+    features = [name.strip() for name in listed.split(",")]
+    if not all(features):
+        raise DataError(f"--features has an empty column name: '{listed}'")
+    return features
+
+
+def _make_partition(args: argparse.Namespace, table: Table, X: np.ndarray,
+                    partition_column: str | None) -> Partition:
+    if partition_column is not None:
+        partition = partition_by_label(table.column(partition_column), partition_column)
+        if args.partitions is not None and args.partitions != partition.num_partitions:
+            raise DataError(f"column '{partition_column}' has {partition.num_partitions} "
+                            f"distinct values but --partitions is {args.partitions}")
+        return partition
+    if args.partitions is None:
+        raise DataError(f"--partition-by {args.partition_by} needs --partitions K")
+    if args.partition_by == "random":
+        return partition_random(len(X), args.partitions, args.seed)
+    if args.partition_by == "contiguous":
+        return partition_contiguous(X, args.partitions, args.dim)
+    return partition_kmeans(X, args.partitions, args.seed)
+
+
+def _likelihood_options(args: argparse.Namespace, y: np.ndarray) -> dict:
+    if args.link is not None and args.likelihood not in LINKED_LIKELIHOODS:
+        raise DataError(f"--link applies to {' and '.join(LINKED_LIKELIHOODS)} likelihoods, "
+                        f"not {args.likelihood}")
+    if args.classes is not None and args.likelihood != "categorical":
+        raise DataError("--classes applies to the categorical likelihood only")
+    options = {} if args.link is None else {"link": args.link}
+    if args.likelihood == "categorical":
+        options["num_classes"] = args.classes or max(2, int(y.max()) + 1)
+    return options

@@ -1,0 +1,59 @@
+"""``pyrogp info``: a table describing a module file or a folder of modules."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from inference.commands.common import describe_rule
+from inference.tables import format_number, format_table
+from pyrogp_models.module import Module
+from pyrogp_models.module_io import load_modules_from, read_index
+
+NAME = "info"
+HELP = "describe a module file or a module folder"
+
+_SHOWN_OPTIONS = ("num_classes", "link")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", metavar="DIR_OR_FILE", type=Path,
+                        help="a module file or a folder of modules")
+
+
+def run(args: argparse.Namespace) -> int:
+    modules = load_modules_from(args.path)
+    rule = read_index(args.path).get("partition") if args.path.is_dir() else None
+    headers = ["module", "N", "M", "kernel", "lengthscale", "variance", "likelihood", "ELBO"]
+    rows = [(name, module.num_data, module.num_inducing, _kernel(module),
+             _values(module.lengthscale), _values(module.variance), _likelihood(module),
+             module.elbo) for name, module in modules.items()]
+    print(format_table(headers, rows))
+    first = next(iter(modules.values()))
+    rule_text = describe_rule(rule) if rule else first.info.get("partition_rule", "none")
+    print(f"\npartition rule: {rule_text}")
+    if "features" in first.info:
+        print(f"features: {', '.join(first.info['features'])}; target: {first.info.get('target')}")
+    print("kernel and Gaussian noise parameters are in standardised units")
+    return 0
+
+
+def _kernel(module: Module) -> str:
+    return f"{module.kernel_family}{' (ARD)' if module.ard else ''}"
+
+
+def _values(tensor: torch.Tensor) -> str:
+    """Values of a per-latent tensor [L] or [L, D]: latents split by ' | ', dims by ','."""
+    per_latent = tensor.reshape(tensor.shape[0], -1).tolist()
+    return " | ".join(",".join(format_number(value, 3) for value in row) for row in per_latent)
+
+
+def _likelihood(module: Module) -> str:
+    options = [f"{key}={module.likelihood_options[key]}" for key in _SHOWN_OPTIONS
+               if key in module.likelihood_options]
+    params = [f"{key}={_values(value.reshape(1, -1))}"
+              for key, value in module.likelihood_params.items()]
+    settings = ", ".join(options + params)
+    return f"{module.likelihood_name}({settings})" if settings else module.likelihood_name
