@@ -1,0 +1,323 @@
+"""The distributed-kernel sparse GP: reductions, bound orderings, optima, invariances (float64).
+
+The exact GP quantities (log p(y), predictive mean and variance) are computed here from a numpy
+SE kernel, independently of the library's local kernels.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from pyro.infer import TraceMeanField_ELBO
+
+from inference.distributed_kernel_fit import DistributedKernelFitConfig, fit_distributed_kernel
+from pyrogp_models import collapsed as core_collapsed
+from pyrogp_models.distributed_kernel import collapsed
+from pyrogp_models.distributed_kernel.backfitting import backfit, solve_meanfield
+from pyrogp_models.distributed_kernel.construct import build_distributed_kernel_gp
+from pyrogp_models.distributed_kernel.halo import full_halo
+from pyrogp_models.distributed_kernel.local_kernels import LocalKernels
+from pyrogp_models.distributed_kernel.model import DistributedKernelGP
+from pyrogp_models.distributed_kernel.regions import Regions
+from pyrogp_models.kernels import RBF
+from pyrogp_models.likelihoods import make_likelihood
+from pyrogp_models.svgp import BatchedSVGP
+
+NOISE = 0.05
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small tensors: one intra-op thread avoids thread-pool stalls on a busy 2-core machine."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def se_numpy(X, Z, ell=1.0, variance=1.0):
+    X, Z = np.asarray(X), np.asarray(Z)
+    return variance * np.exp(-0.5 * (((X[:, None, :] - Z[None, :, :]) / ell) ** 2).sum(-1))
+
+
+def exact_log_marginal(X, y, ell=1.0, variance=1.0, noise=NOISE):
+    X, y = np.asarray(X), np.asarray(y)
+    C = se_numpy(X, X, ell, variance) + noise * np.eye(len(y))
+    L = np.linalg.cholesky(C)
+    alpha = np.linalg.solve(L, y)
+    return -0.5 * alpha @ alpha - np.log(np.diag(L)).sum() - 0.5 * len(y) * math.log(2 * math.pi)
+
+
+def exact_prediction(X, y, Xs, ell=1.0, variance=1.0, noise=NOISE):
+    X, y, Xs = np.asarray(X), np.asarray(y), np.asarray(Xs)
+    C = se_numpy(X, X, ell, variance) + noise * np.eye(len(y))
+    Ks = se_numpy(Xs, X, ell, variance)
+    L = np.linalg.cholesky(C)
+    V = np.linalg.solve(L, Ks.T)
+    return Ks @ np.linalg.solve(C, y), variance - (V**2).sum(0)
+
+
+def gp_data(n=300, low=-10.0, high=10.0, seed=0, noise=NOISE):
+    """y drawn from the SE GP (σ_f² = ℓ = 1) plus noise, as in spec §3.2."""
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(low, high, n))
+    K = se_numpy(x[:, None], x[:, None]) + 1e-9 * np.eye(n)
+    f = np.linalg.cholesky(K) @ rng.standard_normal(n)
+    y = f + math.sqrt(noise) * rng.standard_normal(n)
+    return torch.tensor(x).unsqueeze(-1), torch.tensor(y)
+
+
+def grid_model(cuts, edges, m, variational="meanfield", jitter=1e-6, learn_cuts=False,
+               likelihood="gaussian", **lik):
+    """J = len(cuts)+1 regions with m evenly spaced inducing inputs between ``edges``."""
+    regions = Regions.from_cuts(cuts, learn_cuts=learn_cuts)
+    Z = torch.stack([torch.linspace(edges[j], edges[j + 1], m) for j in range(len(edges) - 1)])
+    kernel = RBF(1, lengthscale=1.0, variance=1.0)
+    if likelihood == "gaussian":
+        lik.setdefault("variance", NOISE)
+    return DistributedKernelGP(regions, Z.unsqueeze(-1), kernel, make_likelihood(likelihood, **lik),
+                               variational=variational, jitter=jitter)
+
+
+FOUR = ([-5.0, 0.0, 5.0], [-10.0, -5.0, 0.0, 5.0, 10.0])
+
+
+def random_q(model, generator, scale=0.3):
+    with torch.no_grad():
+        mean = torch.randn(model.q_mean.shape, generator=generator)
+        size = model.q_sqrt.shape[-1]
+        chol = torch.tril(torch.randn(model.q_sqrt.shape, generator=generator) * scale, -1)
+        chol = chol + torch.diag_embed(0.2 + torch.rand(model.q_sqrt.shape[:-1],
+                                                         generator=generator))
+        model.set_whitened_posterior(mean, chol.reshape(*model.q_sqrt.shape[:-1], size))
+
+
+# one region = SVGP / Titsias ----------------------------------------------------------------------
+@pytest.mark.parametrize("likelihood", ["gaussian", "bernoulli"])
+def test_one_region_is_the_ordinary_svgp(likelihood):
+    X, y = gp_data(120, 0, 10, seed=1)
+    if likelihood == "bernoulli":
+        y = (y > 0).to(y.dtype)
+    m = 10
+    Z = torch.linspace(0, 10, m).reshape(1, m, 1)
+    dk = DistributedKernelGP(Regions.whole_space(1), Z, RBF(1, lengthscale=0.8, variance=1.5),
+                             make_likelihood(likelihood))
+    random_q(dk, torch.Generator().manual_seed(2))
+    svgp = BatchedSVGP(Z, RBF(1, batch_shape=(1, 1), lengthscale=0.8, variance=1.5),
+                       make_likelihood(likelihood, batch_shape=(1,)))
+    with torch.no_grad():
+        svgp.q_mean = dk.q_mean.unsqueeze(1).clone()
+        svgp.q_sqrt = dk.q_sqrt.unsqueeze(1).clone()
+    mask = torch.ones(1, len(y), dtype=torch.bool)
+    reference = float(svgp.elbo(X.unsqueeze(0), y.unsqueeze(0), mask)[0])
+    assert abs(float(dk.elbo(X, y)) - reference) <= 1e-8 * abs(reference)
+    pyro_elbo = -float(TraceMeanField_ELBO().differentiable_loss(dk.model, dk.guide, X, y))
+    assert abs(pyro_elbo - reference) <= 1e-8 * abs(reference)
+
+
+def test_one_region_collapsed_bound_is_titsias():
+    X, y = gp_data(150, 0, 10, seed=3)
+    Z = torch.linspace(0, 10, 12).reshape(1, 12, 1)
+    dk = DistributedKernelGP(Regions.whole_space(1), Z, RBF(1, lengthscale=0.9),
+                             make_likelihood("gaussian", variance=0.1))
+    svgp = BatchedSVGP(Z, RBF(1, batch_shape=(1, 1), lengthscale=0.9),
+                       make_likelihood("gaussian", batch_shape=(1,), variance=0.1))
+    mask = torch.ones(1, len(y), dtype=torch.bool)
+    titsias = float(core_collapsed.collapsed_bound(svgp, X.unsqueeze(0), y.unsqueeze(0), mask)[0])
+    assert abs(float(collapsed.joint_collapsed_bound(dk, X, y)) - titsias) <= 1e-8 * abs(titsias)
+    assert abs(float(collapsed.meanfield_collapsed_bound(dk, X, y)) - titsias) <= 1e-8 * abs(
+        titsias)
+
+
+# bounds below log p(y) ----------------------------------------------------------------------------
+@pytest.mark.parametrize("m", [8, 15])
+def test_bounds_never_exceed_the_exact_marginal_likelihood(m):
+    """T7: F_MF ≤ F_joint ≤ log p(y), and any q's ELBO ≤ its collapsed optimum."""
+    X, y = gp_data()
+    exact = exact_log_marginal(X, y)
+    meanfield = grid_model(*FOUR, m)
+    joint = grid_model(*FOUR, m, variational="joint")
+    f_mf = float(collapsed.meanfield_collapsed_bound(meanfield, X, y))
+    f_joint = float(collapsed.joint_collapsed_bound(joint, X, y))
+    assert f_mf <= f_joint + 1e-8
+    assert f_joint <= exact + 1e-8
+    generator = torch.Generator().manual_seed(m)
+    for _ in range(3):
+        random_q(meanfield, generator)
+        random_q(joint, generator)
+        assert float(meanfield.elbo(X, y)) <= f_mf + 1e-8
+        assert float(joint.elbo(X, y)) <= f_joint + 1e-8
+
+
+def test_trained_bound_stays_below_the_exact_marginal_likelihood():
+    X, y = gp_data(200, -8, 8, seed=4)
+    model = build_distributed_kernel_gp(X, 3, 8, lengthscale=1.5)
+    result = fit_distributed_kernel(model, X, y, DistributedKernelFitConfig(steps=40, lr=0.05))
+    assert result.losses[-1] < result.losses[0]
+    ell = float(model.kernel.lengthscale)
+    sf2 = float(model.kernel.variance)
+    noise = float(model.likelihood.variance)
+    exact = exact_log_marginal(X, y, ell, sf2, noise)
+    assert float(model.elbo(X, y, model.halo(X, eps=0.0))) <= exact + 1e-8
+
+
+# optima -------------------------------------------------------------------------------------------
+def test_joint_collapsed_bound_equals_uncollapsed_at_its_optimum():
+    """T8: the ELBO at (m*, S*) equals F_joint (well-conditioned K_jj: m = 8 per 5ℓ region)."""
+    X, y = gp_data()
+    joint = grid_model(*FOUR, 8, variational="joint")
+    every_pair = full_halo(len(y), 4)
+    joint.set_whitened_posterior(*collapsed.optimal_joint_posterior(joint, X, y))
+    f_joint = float(collapsed.joint_collapsed_bound(joint, X, y))
+    assert abs(float(joint.elbo(X, y, every_pair)) - f_joint) <= 1e-8
+
+
+def test_meanfield_closed_form_equals_coordinate_ascent():
+    """§1.6(b, c): backfitting (block Gauss–Seidel) reaches the closed-form mean-field optimum,
+    never decreasing the ELBO (T12), and its ELBO is F_joint − ½(Σ log|B_jj| − log|B|) (T8)."""
+    X, y = gp_data(seed=5, noise=0.1)
+    model = grid_model(*FOUR, 8, variance=0.1)
+    every_pair = full_halo(len(y), 4)
+    mean, chol = collapsed.optimal_meanfield_posterior(model, X, y, every_pair)
+    result = backfit(model, X, y, max_sweeps=20000, tol=1e-12, halo=every_pair)
+    assert result.converged
+    assert min(b - a for a, b in zip(result.elbos, result.elbos[1:], strict=False)) >= -1e-9
+    assert (model.q_mean - mean).abs().max() <= 1e-7
+    assert (model.q_sqrt - chol).abs().max() <= 1e-9
+    f_mf = float(collapsed.meanfield_collapsed_bound(model, X, y))
+    assert abs(float(model.elbo(X, y, every_pair)) - f_mf) <= 1e-8
+    assert abs(result.elbos[-1] - f_mf) <= 1e-8
+
+
+def test_conjugate_gradient_solver_reaches_the_same_optimum():
+    X, y = gp_data(seed=6)
+    model = grid_model(*FOUR, 12)
+    mean, chol = collapsed.optimal_meanfield_posterior(model, X, y, model.halo(X))
+    result = solve_meanfield(model, X, y, tol=1e-12)
+    assert result.converged
+    assert (model.q_mean - mean).abs().max() <= 1e-8
+    assert (model.q_sqrt - chol).abs().max() <= 1e-9
+
+
+def test_meanfield_and_joint_optimal_means_agree_but_not_their_bounds():
+    """T9 and §1.6(b): the mean-field optimum found by coordinate ascent on the mean-field ELBO
+    predicts the same means as the joint optimum (dense solve); the mean-field gap is > 0."""
+    X, y = gp_data(seed=7, noise=0.1)
+    meanfield = grid_model(*FOUR, 10, variance=0.1)
+    joint = grid_model(*FOUR, 10, variational="joint", variance=0.1)
+    every_pair = full_halo(len(y), 4)
+    assert backfit(meanfield, X, y, max_sweeps=20000, tol=1e-12, halo=every_pair).converged
+    joint.set_whitened_posterior(*collapsed.optimal_joint_posterior(joint, X, y))
+    Xs = torch.linspace(-11, 11, 200).unsqueeze(-1)
+    assert (meanfield.predict_latent(Xs)[0] - joint.predict_latent(Xs)[0]).abs().max() <= 1e-6
+    assert float(collapsed.meanfield_gap(meanfield, X, y)) > 1.0
+
+
+def test_joint_with_dense_inducing_inputs_predicts_like_the_exact_gp():
+    """T14: joint q, 20 inducing inputs per 5ℓ region, optimal q, exact hyperparameters."""
+    X, y = gp_data(seed=8)
+    joint = grid_model(*FOUR, 20, variational="joint")
+    joint.set_whitened_posterior(*collapsed.optimal_joint_posterior(joint, X, y))
+    Xs = torch.linspace(-9.5, 9.5, 100).unsqueeze(-1)
+    mean, var = joint.predict_latent(Xs)
+    exact_mean, exact_var = exact_prediction(X, y, Xs)
+    assert np.abs(mean.numpy() - exact_mean).max() <= 1e-3
+    assert np.abs(var.numpy() - exact_var).max() <= 1e-4
+
+
+def test_inducing_inputs_at_the_data_close_the_joint_gap_but_not_the_meanfield_one():
+    """T10: Z_j = X for all j: F_joint → log p(y); mean-field stays more than a nat below."""
+    X, y = gp_data(80, -6, 6, seed=9)
+    regions = Regions.from_cuts([-2.0, 2.0])
+    Z = X.unsqueeze(0).expand(3, -1, -1)
+    kwargs = dict(kernel=RBF(1), likelihood=make_likelihood("gaussian", variance=NOISE),
+                  jitter=1e-10)
+    joint = DistributedKernelGP(regions, Z, variational="joint", **kwargs)
+    exact = exact_log_marginal(X, y)
+    assert abs(float(collapsed.joint_collapsed_bound(joint, X, y)) - exact) <= 1e-3
+    meanfield = DistributedKernelGP(regions, Z, **kwargs)
+    assert float(collapsed.meanfield_collapsed_bound(meanfield, X, y)) < exact - 1.0
+
+
+# invariances --------------------------------------------------------------------------------------
+def test_moving_the_cuts_leaves_the_exact_marginal_likelihood_unchanged():
+    """T13: log p(y) computed from Σ_j k_j does not depend on the (variational) cuts."""
+    X, y = gp_data(150, -8, 8, seed=10)
+    exact = exact_log_marginal(X, y)
+    kernel = RBF(1, lengthscale=1.0, variance=1.0)
+    for cuts in ([-4.0, 0.5, 3.0], [-1.0, 0.0, 6.5], [-7.5, -7.0, 2.0]):
+        regions = Regions.from_cuts(cuts, learn_cuts=True)
+        K = LocalKernels(kernel, regions)(X).sum(0) + NOISE * torch.eye(len(y))
+        log_p = torch.distributions.MultivariateNormal(torch.zeros(len(y)), K).log_prob(y)
+        log_p.backward()
+        assert abs(float(log_p) - exact) <= 1e-9
+        grads = torch.cat([regions.cut_start_unconstrained.grad.reshape(-1),
+                           regions.cut_increments_unconstrained.grad.reshape(-1)])
+        assert float(grads.abs().max()) <= 1e-10
+
+
+def test_the_halo_changes_the_objective_and_predictions_negligibly():
+    """T16: truncating pairs with window ≤ ε = 1e−12 moves ELBO and predictions by ≤ 1e−5."""
+    X, y = gp_data(seed=11)
+    model = grid_model(*FOUR, 10)
+    model.set_whitened_posterior(*collapsed.optimal_meanfield_posterior(model, X, y))
+    halo = model.halo(X)
+    assert halo.num_pairs < len(y) * 4
+    every_pair = full_halo(len(y), 4)
+    assert abs(float(model.elbo(X, y, halo)) - float(model.elbo(X, y, every_pair))) <= 1e-5
+    Xs = torch.linspace(-12, 12, 200).unsqueeze(-1)
+    truncated = model.latent(Xs)
+    full = model.latent(Xs, full_halo(200, 4))
+    assert (truncated[0] - full[0]).abs().max() <= 1e-5
+    assert (truncated[1] - full[1]).abs().max() <= 1e-5
+
+
+def test_each_point_touches_a_bounded_number_of_regions():
+    """The point of the halo: O(n m²) pairs, not O(n J m²), when regions are wider than ℓ."""
+    x = torch.linspace(0, 400, 4000).unsqueeze(-1)
+    for num_regions in (5, 20, 40):
+        model = build_distributed_kernel_gp(x, num_regions, 4, lengthscale=1.0)
+        halo = model.halo(x)
+        assert halo.num_pairs <= 2.0 * len(x)
+        assert halo.num_pairs >= len(x)
+
+
+# the Pyro model -----------------------------------------------------------------------------------
+def test_pyro_loss_is_the_closed_form_meanfield_elbo():
+    """T15: −TraceMeanField_ELBO.loss (full batch) = L_MF; a 'subsample' of all points too."""
+    X, y = gp_data(seed=12)
+    for variational in ("meanfield", "joint"):
+        model = grid_model(*FOUR, 8, variational=variational)
+        random_q(model, torch.Generator().manual_seed(0))
+        elbo = float(model.elbo(X, y))
+        loss = TraceMeanField_ELBO().differentiable_loss(model.model, model.guide, X, y)
+        assert abs(-float(loss) - elbo) <= 1e-10 * abs(elbo)
+        loss = TraceMeanField_ELBO().differentiable_loss(model.model, model.guide, X, y,
+                                                         batch_size=len(y))
+        assert abs(-float(loss) - elbo) <= 1e-10 * abs(elbo)
+
+
+def test_minibatch_loss_is_an_unbiased_estimate():
+    X, y = gp_data(60, -6, 6, seed=13)
+    model = grid_model([0.0], [-6.0, 0.0, 6.0], 6)
+    random_q(model, torch.Generator().manual_seed(1))
+    elbo = float(model.elbo(X, y))
+    draws = torch.stack([
+        -TraceMeanField_ELBO().differentiable_loss(model.model, model.guide, X, y,
+                                                   batch_size=10).detach()
+        for _ in range(300)])
+    standard_error = float(draws.std()) / math.sqrt(len(draws))
+    assert abs(float(draws.mean()) - elbo) <= 4 * standard_error
+    assert standard_error > 0
+
+
+def test_non_gaussian_likelihood_trains_by_svi():
+    X, y = gp_data(150, -8, 8, seed=14)
+    labels = (y > 0).to(y.dtype)
+    model = build_distributed_kernel_gp(X, 3, 8, lengthscale=1.0, likelihood="bernoulli")
+    config = DistributedKernelFitConfig(method="svi", steps=60, lr=0.05, batch_size=50)
+    result = fit_distributed_kernel(model, X, labels, config)
+    assert np.mean(result.losses[-10:]) < np.mean(result.losses[:10])
+    prob, _ = model.predict(X)
+    assert float(((prob > 0.5).to(y.dtype) == labels).to(y.dtype).mean()) > 0.8
