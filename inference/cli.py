@@ -18,6 +18,8 @@ from pyrogp_models.errors import PyrogpError
 #: The command modules, in the order ``pyrogp --help`` lists them.
 COMMANDS = [
     "inference.commands.fit_local",
+    "inference.commands.recycle",
+    "inference.commands.fit_distkernel",
     "inference.commands.info",
     "inference.commands.predict",
     "inference.commands.evaluate",

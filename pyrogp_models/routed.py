@@ -149,9 +149,17 @@ def as_predictor(modules: Module | dict[str, Module],
     return RoutedModules(modules, rule)
 
 
-def load_predictor(path: str | Path) -> ModulePredictor | RoutedModules:
-    """The predictor of a module file, or of a module folder routed by its stored rule."""
+def load_predictor(path: str | Path) -> Predictor:
+    """The predictor of a module file, of a module folder routed by its stored rule, or of a
+    distributed-kernel file (told apart by the format named in the file's header)."""
+    from pyrogp_models.distributed_kernel.io import (
+        is_distributed_kernel_file,
+        load_distributed_kernel,
+    )
+
     path = Path(path)
+    if is_distributed_kernel_file(path):
+        return load_distributed_kernel(path)
     modules = load_modules_from(path)
     rule = read_index(path).get("partition") if path.is_dir() else None
     return as_predictor(modules, rule)

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 
 from pyrogp_models.data import Table, require_finite
+from pyrogp_models.distributed_kernel.io import is_distributed_kernel_file
 from pyrogp_models.errors import DataError, ModuleFileError, PyrogpError
 from pyrogp_models.module import Module
 from pyrogp_models.module_io import INDEX_NAME, SUFFIX, load_modules_from, read_index, save_modules
-from pyrogp_models.routed import Predictor, as_predictor
+from pyrogp_models.routed import Predictor, as_predictor, load_predictor
 
 
 # Reading modules ------------------------------------------------------------------------------
@@ -30,7 +31,16 @@ def add_predictor_arguments(parser: argparse.ArgumentParser) -> None:
 
 def predictor_from_args(args: argparse.Namespace
                         ) -> tuple[Predictor, dict[str, Module], dict | None]:
-    """The predictor asked for by the arguments, its modules and their partition rule."""
+    """The predictor asked for by the arguments, its modules and their partition rule.
+
+    A distributed-kernel file is one predictor that stands in for its own module (it has the
+    ``info`` and ``input_dim`` that :func:`read_inputs` reads) and has no partition rule."""
+    if is_distributed_kernel_file(args.modules):
+        if (args.rule, args.weights, args.temperature) != (None, None, None):
+            raise DataError("--rule, --weights and --temperature combine modules; a "
+                            "distributed-kernel file is a single model")
+        predictor = load_predictor(args.modules)
+        return predictor, {args.modules.name: predictor}, None
     modules = load_modules_from(args.modules)
     rule = read_index(args.modules).get("partition") if args.modules.is_dir() else None
     if args.rule is None:

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from inference.commands.common import check_output_folder, describe_rule, write_module_folder
-from inference.local_fit import LocalFitSpec, fit_local
+from inference.executors import fit_local_on
+from inference.local_fit import LocalFitSpec
 from inference.tables import format_table
 from inference.trainer import TrainConfig
 from pyrogp_models.data import Table, load_table, split_features_target
@@ -63,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train on the collapsed bound (gaussian only)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--float32", action="store_true", help="fit in single precision")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="N",
+                       help="fit on an embedded Dask cluster of N single-threaded workers")
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="fit on the Dask cluster whose scheduler is at ADDRESS")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR",
                         help="module folder to write (an existing module folder is replaced)")
 
@@ -83,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         dtype=torch.float32 if args.float32 else torch.float64)
     config = TrainConfig(lr=args.lr, steps=args.steps, seed=args.seed,
                          progress=sys.stderr.isatty())
-    fit = fit_local(X, y, partition, spec, config)
+    fit = fit_local_on(X, y, partition, spec, config, workers=args.workers,
+                       scheduler=args.scheduler)
     info = {"features": features, "target": args.target}
     if partition_column is not None:
         info["partition_column"] = partition_column

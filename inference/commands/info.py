@@ -9,11 +9,13 @@ import torch
 
 from inference.commands.common import describe_rule
 from inference.tables import format_number, format_table
+from pyrogp_models.distributed_kernel.io import is_distributed_kernel_file
 from pyrogp_models.module import Module
 from pyrogp_models.module_io import load_modules_from, read_index
+from pyrogp_models.routed import load_predictor
 
 NAME = "info"
-HELP = "describe a module file or a module folder"
+HELP = "describe a module file, a module folder or a distributed-kernel file"
 
 _SHOWN_OPTIONS = ("num_classes", "link")
 
@@ -24,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_distributed_kernel_file(args.path):
+        print(load_predictor(args.path).describe())
+        return 0
     modules = load_modules_from(args.path)
     rule = read_index(args.path).get("partition") if args.path.is_dir() else None
     headers = ["module", "N", "M", "kernel", "lengthscale", "variance", "likelihood", "ELBO"]

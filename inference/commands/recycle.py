@@ -1,0 +1,171 @@
+"""``pyrogp recycle``: fit a meta-GP to modules (and optional raw data) and save it as a module.
+
+The meta-GP file is an ordinary module: ``evaluate``, ``predict``, ``info`` and ``recycle``
+itself accept it, so meta-GPs can be recycled again (pyramids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+from inference.commands.common import read_inputs
+from inference.recycle import RawData, RecycleSpec, recycle
+from inference.trainer import TrainConfig
+from pyrogp_models.data import load_table, require_finite
+from pyrogp_models.errors import DataError, IncompatibleModulesError
+from pyrogp_models.likelihoods import LIKELIHOODS
+from pyrogp_models.meta_gp import UnboundedBoundWarning
+from pyrogp_models.module import Module
+from pyrogp_models.module_io import SUFFIX, load_modules_from, save_module
+
+NAME = "recycle"
+HELP = "fit a meta-GP to module files and folders (and new raw data) and save it as a module"
+
+ON_UNBOUNDED = ("raise", "warn", "repair")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", metavar="DIR_OR_FILE", type=Path, nargs="+",
+                        help="module files and module folders to recycle")
+    parser.add_argument("--inducing", type=int, required=True, metavar="M",
+                        help="inducing inputs of the meta-GP")
+    parser.add_argument("--collapsed", action="store_true",
+                        help="learn the kernel and inducing inputs on the collapsed bound "
+                             "(q at its optimum)")
+    parser.add_argument("--data", type=Path, metavar="RAW",
+                        help="new raw data (CSV or .npz) fitted together with the modules")
+    parser.add_argument("--target", help="the observed column of --data (default: the "
+                                         "modules' target)")
+    parser.add_argument("--likelihood", choices=sorted(LIKELIHOODS),
+                        help="likelihood of the raw data and of the saved meta-GP (default: "
+                             "the modules' common likelihood)")
+    parser.add_argument("--steps", type=int, default=1000, help="maximum optimiser steps")
+    parser.add_argument("--lr", type=float, default=0.05, help="Adam learning rate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--on-unbounded", choices=ON_UNBOUNDED, default="raise",
+                        help="when the ensemble bound is unbounded above: stop (raise), go on "
+                             "with a warning, or repair the modules' site precisions first "
+                             "(default: raise)")
+    parser.add_argument("--out", required=True, type=Path, metavar="FILE",
+                        help=f"meta-GP module file to write ({SUFFIX} is appended if missing)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.inducing < 1:
+        raise DataError(f"--inducing must be at least 1, got {args.inducing}")
+    if args.target is not None and args.data is None:
+        raise DataError("--target applies to the raw data of --data")
+    out = _output_path(args.out)
+    modules = _load_all(args.paths)
+    columns = _shared_columns(modules)
+    raw = _raw_data(args, modules, columns.get("target")) if args.data is not None else None
+    spec = RecycleSpec(on_unbounded="warn" if args.on_unbounded == "warn" else "raise",
+                       repair_sites=args.on_unbounded == "repair", likelihood=args.likelihood,
+                       name=out.name.removesuffix(SUFFIX))
+    config = TrainConfig(lr=args.lr, steps=args.steps, seed=args.seed,
+                         progress=sys.stderr.isatty())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UnboundedBoundWarning)
+        meta, module, result = recycle(modules, args.inducing, args.collapsed, raw, config, spec)
+    _report_warnings(caught)
+    module = replace(module, info={**module.info, **columns})
+    save_module(module, out)
+    repairs = module.info["recycle"]["site_repairs"]
+    clipped = {name: count for name, count in repairs.items() if count}
+    status = "converged" if result.converged else "step limit reached"
+    sources = (f"{_count(len(modules), 'module')} "
+               f"(N = {sum(m.num_data for m in modules.values())})")
+    if raw is not None:
+        sources += f" and {len(raw.y)} raw points"
+    print(f"recycled {sources} into a meta-GP with M = {args.inducing} "
+          f"({module.kernel_family} kernel, "
+          f"{'collapsed' if args.collapsed else 'uncollapsed'} bound)")
+    if clipped:
+        print(f"site repair clipped {_count(sum(clipped.values()), 'direction')} in "
+              f"{_count(len(clipped), 'module')}: {', '.join(clipped)}")
+    print(f"bound {module.info['ensemble_bound']:.6g}, "
+          f"λ_min(Λ_w) = {meta.min_precision_eigenvalue():.4g}; {result.steps} steps, {status}")
+    print(f"written to {out}")
+    return 0
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _output_path(path: Path) -> Path:
+    path = path if path.name.endswith(SUFFIX) else path.with_name(path.name + SUFFIX)
+    if path.is_dir():
+        raise DataError(f"{path} is a folder; --out needs a file name")
+    if not path.parent.is_dir():
+        raise DataError(f"{path}: the output folder {path.parent} does not exist")
+    return path
+
+
+def _load_all(paths: list[Path]) -> dict[str, Module]:
+    """Every module of every path; a module name may appear only once."""
+    modules: dict[str, Module] = {}
+    source: dict[str, Path] = {}
+    for path in paths:
+        for name, module in load_modules_from(path).items():
+            if name in modules:
+                raise DataError(f"module '{name}' is given twice ({source[name]} and {path}); "
+                                "recycle each module once")
+            modules[name], source[name] = module, path
+    return modules
+
+
+def _shared_columns(modules: dict[str, Module]) -> dict:
+    """The features and target the modules record, which must agree (empty if none records
+    them)."""
+    recorded = {name: (module.info.get("features"), module.info.get("target"))
+                for name, module in modules.items() if "features" in module.info}
+    if len({repr(columns) for columns in recorded.values()}) > 1:
+        first, *others = recorded
+        odd = [name for name in others if recorded[name] != recorded[first]]
+        raise IncompatibleModulesError(f"modules {', '.join(odd[:5])} use other feature or "
+                                       f"target columns than module '{first}'")
+    if not recorded:
+        return {}
+    features, target = next(iter(recorded.values()))
+    return {"features": features, "target": target}
+
+
+def _raw_data(args: argparse.Namespace, modules: dict[str, Module], target: str | None
+              ) -> RawData:
+    """The --data table as raw data: the modules' features, the target column and the
+    likelihood (options from the modules with that likelihood)."""
+    target = args.target or target
+    if target is None:
+        raise DataError("the modules do not record their target column; pass --target")
+    likelihood = args.likelihood
+    if likelihood is None:
+        names = sorted({module.likelihood_name for module in modules.values()})
+        if len(names) > 1:
+            raise DataError(f"the modules have different likelihoods ({', '.join(names)}); "
+                            "pass --likelihood for the raw data")
+        likelihood = names[0]
+    options = next((dict(module.likelihood_options) for module in modules.values()
+                    if module.likelihood_name == likelihood), {})
+    table = load_table(args.data)
+    y = table.column(target)
+    require_finite(y, f"column '{target}'")
+    _, X, _ = read_inputs(table, modules, None, exclude=(target,))
+    return RawData(X, y, likelihood, options)
+
+
+def _report_warnings(caught: list[warnings.WarningMessage]) -> None:
+    """One line for the first unboundedness warning (with how often it recurred); other
+    warnings are issued again as they were."""
+    unbounded = [w for w in caught if issubclass(w.category, UnboundedBoundWarning)]
+    for w in caught:
+        if w not in unbounded:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if unbounded:
+        message = " ".join(str(unbounded[0].message).split())
+        again = f" (warned {len(unbounded)} times)" if len(unbounded) > 1 else ""
+        print(f"pyrogp: warning: {message}{again}", file=sys.stderr)
