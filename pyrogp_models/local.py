@@ -39,6 +39,9 @@ class LocalGPs(PyroModule):
         jitter: relative jitter on K_zz.
         noise: initial Gaussian noise variance (standardised units).
         generator: random source for the k-means initialisation.
+        inducing: initial Z per partition ([M_k, D] each, model units) instead of
+            ``inducing_init`` (e.g. drawn once by :func:`initial_inducing` for a fit split over
+            workers).
     """
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, partition: Partition,
@@ -46,7 +49,8 @@ class LocalGPs(PyroModule):
                  likelihood_options: dict | None = None, kernel: str = "rbf", ard: bool = False,
                  inducing_init: str = "kmeans", learn_inducing: bool = True,
                  collapsed: bool = False, jitter: float = DEFAULT_JITTER, noise: float = 0.1,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None,
+                 inducing: Sequence[torch.Tensor] | None = None):
         super().__init__("local")
         self.likelihood_name = likelihood
         self.likelihood_options = dict(likelihood_options or {})
@@ -59,28 +63,28 @@ class LocalGPs(PyroModule):
                             f"{per_partition[k]} inducing inputs")
         make_likelihood(likelihood, (), **self.likelihood_options).validate_targets(y)
         Xp, yp, mask, _ = pad_partitions(X, y, partition)
+        if inducing is None:
+            inducing = _initial_inducing_padded(Xp, mask, per_partition, inducing_init, generator)
         self.groups = PyroModuleList([])
         self.group_members: list[torch.Tensor] = []
         for index, M in enumerate(np.unique(per_partition)):
             members = torch.as_tensor(np.flatnonzero(per_partition == M), device=X.device)
             rows = int(mask[members].sum(-1).max())
-            X_g, y_g, mask_g = Xp[members, :rows], yp[members, :rows], mask[members, :rows]
+            Z = torch.stack([inducing[k] for k in members.tolist()]).to(X)
             self.groups.append(self._build_group(
-                X_g, y_g, mask_g, int(M), kernel, ard, inducing_init, learn_inducing, jitter,
-                noise, generator, name=f"group{index}"))
+                Xp[members, :rows], yp[members, :rows], mask[members, :rows], Z, kernel, ard,
+                learn_inducing, jitter, noise, name=f"group{index}"))
             self.group_members.append(members)
 
-    def _build_group(self, X, y, mask, M, kernel, ard, inducing_init, learn_inducing, jitter,
-                     noise, generator, name):
+    def _build_group(self, X, y, mask, Z, kernel, ard, learn_inducing, jitter, noise, name):
         count = len(X)
         likelihood = make_likelihood(self.likelihood_name, (count,), X.dtype, X.device,
                                      **self.likelihood_options,
                                      **({"variance": noise}
                                         if self.likelihood_name == "gaussian" else {}))
-        lengthscale = _initial_lengthscale(X, mask, ard, M)
+        lengthscale = _initial_lengthscale(X, mask, ard, Z.shape[-2])
         kernel_module = Stationary(kernel, X.shape[-1], (count, likelihood.num_latent), ard,
                                    lengthscale.unsqueeze(1), 1.0, X.dtype, X.device)
-        Z = init_inducing(X, M, mask, inducing_init, generator)
         svgp = BatchedSVGP(Z, kernel_module, likelihood, learn_inducing, jitter, name=name)
         svgp.register_buffer("data_X", X)
         svgp.register_buffer("data_y", y)
@@ -153,6 +157,27 @@ class LocalGPs(PyroModule):
                     standardisation=standardisation, jitter=svgp.jitter,
                     info={"name": names[k], "partition": k, **(info or {})}))
         return dict(modules[k] for k in sorted(modules))
+
+
+@torch.no_grad()
+def initial_inducing(X: torch.Tensor, y: torch.Tensor, partition: Partition,
+                     num_inducing: int | Sequence[int], method: str = "kmeans",
+                     generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """Initial Z [M_k, D] of every partition, drawn exactly as :class:`LocalGPs` draws them."""
+    Xp, _, mask, _ = pad_partitions(X, y, partition)
+    per_partition = np.broadcast_to(np.asarray(num_inducing), partition.sizes.shape)
+    return _initial_inducing_padded(Xp, mask, per_partition, method, generator)
+
+
+def _initial_inducing_padded(Xp, mask, per_partition, method, generator) -> list[torch.Tensor]:
+    """One batched initialisation per distinct M_k (k-means or grid over each partition)."""
+    inducing: dict[int, torch.Tensor] = {}
+    for M in np.unique(per_partition):
+        members = np.flatnonzero(per_partition == M)
+        rows = int(mask[members].sum(-1).max())
+        Z = init_inducing(Xp[members, :rows], int(M), mask[members, :rows], method, generator)
+        inducing.update(zip(members.tolist(), Z, strict=True))
+    return [inducing[k] for k in range(len(per_partition))]
 
 
 def _initial_lengthscale(X: torch.Tensor, mask: torch.Tensor, ard: bool, num_inducing: int

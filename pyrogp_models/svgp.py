@@ -17,6 +17,8 @@ quantity without Pyro, per partition.
 
 from __future__ import annotations
 
+import math
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -26,7 +28,7 @@ from pyro.nn import PyroModule, PyroParam
 from pyrogp_models import conditionals
 from pyrogp_models.kernels import Stationary
 from pyrogp_models.kullback_leiblers import kl_to_standard_normal
-from pyrogp_models.likelihoods import Likelihood
+from pyrogp_models.likelihoods import Gaussian, Likelihood
 from pyrogp_models.linalg import cholesky
 
 #: Default relative jitter on K_zz (× its mean diagonal).
@@ -104,8 +106,35 @@ class BatchedSVGP(PyroModule):
     def expected_log_lik(self, X, y, weights) -> torch.Tensor:
         """Σ_i w_ki E_q[log p(y_ki | f_ki)] per partition; [K]. Weights mask padding or
         rescale a minibatch."""
+        if isinstance(self.likelihood, Gaussian):
+            return self._gaussian_expected_log_lik(X, y, weights)
         mean, var = self.latent(X)
         return (self.likelihood.expected_log_prob(y, mean, var) * weights).sum(-1)
+
+    def _gaussian_expected_log_lik(self, X, y, weights) -> torch.Tensor:
+        """The Gaussian data term from M×M statistics of the data, in closed form.
+
+        With A = L⁻¹K_zx, Φ = AWAᵀ and ψ = AWy (W = diag(w)):
+        Σ w(y − m)² = Σ wy² − 2m_wᵀψ + m_wᵀΦm_w and Σ wv = Σ wk_ii − tr Φ + tr(L_wᵀΦL_w), so
+        E = −½Σw·log 2πσ² − (Σ w(y − m)² + Σ wv)/(2σ²). Equal to the pointwise sum, with fewer
+        operations of size N×M.
+        """
+        X_ = X.unsqueeze(-3)
+        A = conditionals.projection(self.prior_cholesky(),
+                                    self.kernel(self.inducing.unsqueeze(-3), X_))  # [K, 1, M, N]
+        weighted = A * weights.unsqueeze(-2).unsqueeze(-2)
+        Phi = weighted @ A.mT
+        psi = (weighted @ y.unsqueeze(-2).unsqueeze(-1)).squeeze(-1)
+        mean_w, chol_w = self.q_mean, self.q_sqrt
+        residual = ((weights * y.square()).sum(-1).unsqueeze(-1) - 2.0 * (psi * mean_w).sum(-1)
+                    + (mean_w * (Phi @ mean_w.unsqueeze(-1)).squeeze(-1)).sum(-1))
+        spread = ((self.kernel.diag(X_) * weights.unsqueeze(-2)).sum(-1)
+                  - Phi.diagonal(dim1=-2, dim2=-1).sum(-1)
+                  + ((Phi @ chol_w) * chol_w).sum((-2, -1)))
+        noise = self.likelihood.variance
+        count = weights.sum(-1)
+        return (-0.5 * count * torch.log(2 * math.pi * noise)
+                - 0.5 * (residual + spread).squeeze(-1) / noise)
 
     def elbo(self, X, y, mask) -> torch.Tensor:
         """The exact ELBO of every partition on full data; [K]."""

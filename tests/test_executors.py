@@ -1,0 +1,163 @@
+"""Local fits on a real Dask cluster (two single-threaded worker processes) against the
+in-process batched fit."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from inference import executors
+from inference.cli import main
+from inference.executors import (
+    chunk_tasks,
+    dask_client,
+    fit_local_distributed,
+    fit_local_on,
+    split_partitions,
+)
+from inference.local_fit import LocalFitSpec, fit_local
+from inference.trainer import TrainConfig
+from pyrogp_models.errors import DataError, PyrogpError
+from pyrogp_models.module_io import load_modules
+from pyrogp_models.partition import Partition, partition_contiguous
+
+TENSORS = ("inducing", "q_mean", "q_chol", "lengthscale", "variance")
+# Adam, full batch and no convergence test: every partition follows its own path.
+CONFIG = TrainConfig(steps=25, tol=None, seed=3)
+
+
+@pytest.fixture(scope="module")
+def client():
+    with dask_client(workers=2) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(1)
+    X = rng.uniform(0.0, 10.0, (230, 2))
+    y = np.sin(X[:, 0]) + 0.3 * X[:, 1] + 0.1 * rng.normal(size=230)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def uneven_partition(data):
+    """Five partitions of unequal sizes along x0."""
+    X, _ = data
+    assignments = np.searchsorted([1.0, 4.0, 5.5, 8.0], X[:, 0])
+    return Partition(assignments, {"kind": "contiguous", "num_partitions": 5, "dim": 0,
+                                   "boundaries": [1.0, 4.0, 5.5, 8.0]})
+
+
+def assert_same_modules(expected, actual):
+    assert list(actual) == list(expected)
+    for name, module in expected.items():
+        other = actual[name]
+        for field in TENSORS:
+            torch.testing.assert_close(getattr(other, field), getattr(module, field),
+                                       rtol=0, atol=1e-8)
+        for key, value in module.likelihood_params.items():
+            torch.testing.assert_close(other.likelihood_params[key], value, rtol=0, atol=1e-8)
+        assert other.elbo == pytest.approx(module.elbo, rel=1e-10)
+        assert other.num_data == module.num_data
+        assert other.info == module.info
+        np.testing.assert_array_equal(other.standardisation.x_mean,
+                                      module.standardisation.x_mean)
+        assert other.standardisation.y_scale == module.standardisation.y_scale
+
+
+def test_split_partitions_balances_points_in_contiguous_non_empty_runs():
+    chunks = split_partitions(np.array([100, 1, 1, 1, 100]), 2)
+    assert [c.tolist() for c in chunks] == [[0, 1, 2], [3, 4]]
+    chunks = split_partitions(np.array([10, 10, 10, 10, 10, 10]), 3)
+    assert [c.tolist() for c in chunks] == [[0, 1], [2, 3], [4, 5]]
+    chunks = split_partitions(np.array([1, 1, 1, 1000]), 4)
+    assert [c.tolist() for c in chunks] == [[0], [1], [2], [3]]
+    assert len(split_partitions(np.array([5, 5]), 8)) == 2
+
+
+def test_each_task_holds_only_its_chunk(data, uneven_partition):
+    X, y = data
+    spec = LocalFitSpec(num_inducing=[4, 5, 4, 5, 4])
+    chunks, tasks, standardisation = chunk_tasks(X, y, uneven_partition, 2, spec, CONFIG)
+    assert np.concatenate(chunks).tolist() == list(range(5))
+    for chunk, task in zip(chunks, tasks, strict=True):
+        rows = np.isin(uneven_partition.assignments, chunk)
+        np.testing.assert_array_equal(task.X, X[rows])
+        np.testing.assert_array_equal(task.y, y[rows])
+        assert task.spec.num_inducing == [[4, 5, 4, 5, 4][k] for k in chunk]
+        assert task.names == [f"part{k:03d}" for k in chunk]
+        assert task.standardisation is standardisation
+    np.testing.assert_allclose(standardisation.x_mean, X.mean(0))
+
+
+def test_two_workers_reproduce_the_in_process_fit(client, data, uneven_partition):
+    X, y = data
+    spec = LocalFitSpec(num_inducing=[4, 5, 4, 5, 4])
+    names = ["a", "b", "c", "d", "e"]
+    expected = fit_local(X, y, uneven_partition, spec, CONFIG, names)
+    fit = fit_local_distributed(client, X, y, uneven_partition, spec, CONFIG, names)
+    assert len(fit.chunks) == 2
+    assert_same_modules(expected.modules, fit.modules)
+    assert [m.info["partition"] for m in fit.modules.values()] == [0, 1, 2, 3, 4]
+    assert fit.result.steps == CONFIG.steps
+    assert fit.result.final_loss == pytest.approx(expected.result.final_loss, rel=1e-10)
+    assert set(client.run(torch.get_num_threads).values()) == {1}
+
+
+def test_collapsed_fit_with_more_workers_than_one(client, data):
+    X, y = data
+    partition = partition_contiguous(X, 3)
+    spec = LocalFitSpec(num_inducing=6, collapsed=True, kernel="matern32")
+    expected = fit_local(X, y, partition, spec, CONFIG)
+    fit = fit_local_distributed(client, X, y, partition, spec, CONFIG)
+    assert len(fit.chunks) == 2
+    assert_same_modules(expected.modules, fit.modules)
+
+
+def test_worker_errors_reach_the_client(client, data, uneven_partition):
+    X, _ = data
+    with pytest.raises(DataError, match="0 or 1") as caught:
+        fit_local_distributed(client, X, np.full(len(X), 2.0), uneven_partition,
+                              LocalFitSpec(num_inducing=4, likelihood="bernoulli"), CONFIG)
+    assert any(entry.name == "fit_chunk" for entry in caught.traceback)
+
+
+def test_in_process_is_the_default(data, uneven_partition):
+    X, y = data
+    fit = fit_local_on(X, y, uneven_partition, LocalFitSpec(num_inducing=4),
+                       replace(CONFIG, steps=2))
+    assert hasattr(fit, "model")
+
+
+def test_cli_on_a_running_scheduler_matches_the_in_process_cli(client, tmp_path, data):
+    X, y = data
+    path = tmp_path / "data.csv"
+    np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="x1,x2,y", comments="")
+    common = ["fit-local", str(path), "--target", "y", "--partitions", "4", "--partition-by",
+              "contiguous", "--inducing", "5", "--steps", "30", "--seed", "2"]
+    assert main([*common, "--out", str(tmp_path / "local")]) == 0
+    address = client.scheduler.address
+    assert main([*common, "--scheduler", address, "--out", str(tmp_path / "dask")]) == 0
+    assert_same_modules(load_modules(tmp_path / "local"), load_modules(tmp_path / "dask"))
+
+
+def test_cli_rejects_bad_distribution_options(capsys, tmp_path, monkeypatch, data):
+    X, y = data
+    path = tmp_path / "data.csv"
+    np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="x1,x2,y", comments="")
+    common = ["fit-local", str(path), "--target", "y", "--partitions", "2", "--inducing", "3",
+              "--steps", "2", "--out", str(tmp_path / "out")]
+    assert main([*common, "--workers", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err
+    assert main([*common, "--workers", "2", "--scheduler", "tcp://127.0.0.1:1"]) == 2
+    monkeypatch.setattr(executors, "CONNECT_TIMEOUT", 1)
+    capsys.readouterr()
+    assert main([*common, "--scheduler", "tcp://127.0.0.1:1"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("pyrogp: error: cannot reach the Dask scheduler") and \
+        "\n" not in error
+    with pytest.raises(PyrogpError):
+        with dask_client(scheduler="tcp://127.0.0.1:1"):
+            pass

@@ -1,0 +1,178 @@
+"""``pyrogp recycle`` end to end (fit-local → recycle → evaluate → recycle again → info), its
+one-line errors, and a smoke run of the demo."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from inference import demo
+from inference.cli import main
+from pyrogp_models.data import Standardisation
+from pyrogp_models.module import Module
+from pyrogp_models.module_io import load_module, load_modules, save_modules
+
+FIT = ["--inducing", "6", "--steps", "40", "--collapsed"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_csv(path, **columns):
+    np.savetxt(path, np.column_stack(list(columns.values())), delimiter=",",
+               header=",".join(columns), comments="")
+    return path
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("recycle")
+
+
+@pytest.fixture(scope="module")
+def data_csv(folder):
+    rng = np.random.default_rng(0)
+    x = np.sort(rng.uniform(0.0, 10.0, 150))
+    return write_csv(folder / "data.csv", x=x, y=np.sin(x) + 0.1 * rng.normal(size=150))
+
+
+@pytest.fixture(scope="module")
+def modules_dir(folder, data_csv):
+    out = folder / "modules"
+    assert main(["fit-local", str(data_csv), "--target", "y", "--partitions", "3",
+                 "--partition-by", "contiguous", *FIT, "--out", str(out)]) == 0
+    return out
+
+
+def run_ok(capsys, *argv) -> str:
+    capsys.readouterr()
+    assert main([str(arg) for arg in argv]) == 0
+    return capsys.readouterr().out
+
+
+def run_failing(capsys, *argv) -> str:
+    capsys.readouterr()
+    code = main([str(arg) for arg in argv])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith("pyrogp: error: "), lines
+    return lines[0]
+
+
+def test_fit_recycle_evaluate_and_recycle_again(capsys, folder, data_csv, modules_dir):
+    out = run_ok(capsys, "recycle", modules_dir, "--inducing", 12, "--collapsed", "--steps", 30,
+                 "--out", folder / "meta")
+    assert "recycled 3 modules (N = 150)" in out and "M = 12" in out
+    meta = load_module(folder / "meta.safetensors")
+    assert meta.num_inducing == 12 and meta.num_data == 150
+    assert meta.info["features"] == ["x"] and meta.info["target"] == "y"
+    assert meta.info["modules"] == ["part000", "part001", "part002"]
+    assert meta.info["recycle"]["collapsed"] is True
+
+    report = json.loads(run_ok(capsys, "evaluate", folder / "meta.safetensors", "--data",
+                               data_csv, "--json"))
+    assert report["n"] == 150 and report["rmse"] < 0.3 and report["nlpd"] < 0.5
+
+    out = run_ok(capsys, "recycle", folder / "meta.safetensors", "--inducing", 10, "--steps", 20,
+                 "--out", folder / "pyramid.safetensors")
+    assert "recycled 1 module (N = 150)" in out
+    pyramid = load_module(folder / "pyramid.safetensors")
+    assert pyramid.info["modules"] == ["meta"] and pyramid.info["target"] == "y"
+    out = run_ok(capsys, "info", folder / "pyramid.safetensors")
+    assert "pyramid" in out and "features: x; target: y" in out
+    report = json.loads(run_ok(capsys, "evaluate", folder / "pyramid.safetensors", "--data",
+                               data_csv, "--json"))
+    assert report["rmse"] < 0.3
+
+
+def test_module_files_and_raw_data(capsys, folder, data_csv, modules_dir):
+    raw = write_csv(folder / "raw.csv", x=np.linspace(0.0, 10.0, 40),
+                    y=np.sin(np.linspace(0.0, 10.0, 40)))
+    out = run_ok(capsys, "recycle", modules_dir / "part000.safetensors",
+                 modules_dir / "part002.safetensors", "--data", raw, "--inducing", 8,
+                 "--steps", 10, "--out", folder / "with_raw")
+    assert "recycled 2 modules (N = 100) and 40 raw points" in out
+    meta = load_module(folder / "with_raw.safetensors")
+    assert meta.info["modules"] == ["part000", "part002"]
+    assert meta.num_data == 100 + 40
+    assert meta.info["likelihood_source"] == "raw data"
+
+
+def test_bad_inputs_give_one_line_errors(capsys, folder, data_csv, modules_dir):
+    message = run_failing(capsys, "recycle", modules_dir, modules_dir / "part001.safetensors",
+                          "--inducing", 5, "--out", folder / "twice")
+    assert "'part001' is given twice" in message
+    message = run_failing(capsys, "recycle", folder / "missing", "--inducing", 5,
+                          "--out", folder / "x")
+    assert "missing" in message
+    message = run_failing(capsys, "recycle", modules_dir, "--inducing", 5,
+                          "--out", folder / "no_such_dir" / "meta")
+    assert "does not exist" in message
+    message = run_failing(capsys, "recycle", modules_dir, "--inducing", 0, "--out", folder / "x")
+    assert "--inducing" in message
+
+    other = folder / "other_fit"
+    rescaled = write_csv(folder / "rescaled.csv", x=np.linspace(0.0, 20.0, 60),
+                         y=np.cos(np.linspace(0.0, 20.0, 60)))
+    assert main(["fit-local", str(rescaled), "--target", "y", "--partitions", "2",
+                 "--partition-by", "contiguous", *FIT, "--out", str(other)]) == 0
+    mixed = {**load_modules(modules_dir),
+             "foreign": next(iter(load_modules(other).values()))}
+    save_modules(mixed, folder / "mixed")
+    message = run_failing(capsys, "recycle", folder / "mixed", "--inducing", 5,
+                          "--out", folder / "x")
+    assert "foreign" in message and "differ" in message
+
+
+@pytest.fixture(scope="module")
+def unbounded_dir(folder):
+    """Five overlapping under-fitted modules (S = I, wider than their prior in some directions):
+    their ensemble bound is unbounded above."""
+    modules = {}
+    identity = Standardisation(np.zeros(1), np.ones(1), 0.0, 1.0)
+    for k in range(5):
+        Z = torch.linspace(0.0, 1.0, 5).unsqueeze(-1) + 0.02 * k
+        modules[f"o{k}"] = Module(
+            "rbf", torch.tensor([[0.3]]), torch.tensor([2.0]), "gaussian", {},
+            {"variance": torch.tensor(0.1)}, Z, torch.randn(1, 5), torch.eye(5).unsqueeze(0),
+            10, 0.0, identity, 1e-9, {"name": f"o{k}", "features": ["x"], "target": "y"})
+    return save_modules(modules, folder / "unbounded")
+
+
+def test_unbounded_bound_raises_or_is_repaired(capsys, folder, unbounded_dir):
+    message = run_failing(capsys, "recycle", unbounded_dir, "--inducing", 8, "--steps", 5,
+                          "--out", folder / "unbounded_meta")
+    assert "unbounded above" in message
+    assert not (folder / "unbounded_meta.safetensors").exists()
+
+    out = run_ok(capsys, "recycle", unbounded_dir, "--inducing", 8, "--steps", 5,
+                 "--on-unbounded", "repair", "--out", folder / "repaired")
+    assert "site repair clipped" in out
+    assert load_module(folder / "repaired.safetensors").info["recycle"]["site_repairs"]
+
+
+def test_unbounded_bound_can_warn(capsys, folder, unbounded_dir):
+    capsys.readouterr()
+    assert main(["recycle", str(unbounded_dir), "--inducing", "8", "--steps", "1",
+                 "--on-unbounded", "warn", "--out", str(folder / "warned")]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines()
+                if line.startswith("pyrogp: warning:")]
+    assert len(warnings) == 1 and "unbounded above" in warnings[0]
+
+
+def test_demo_runs_end_to_end(tmp_path, capsys):
+    reports = demo.main(fast=True, output=tmp_path)
+    out = capsys.readouterr().out
+    assert len(reports) == 4
+    assert all(np.isfinite(report["nlpd"]) and report["rmse"] < 1.2 for report in reports.values())
+    assert "best of" in out and "meta-GP" in out
+    assert (tmp_path / "pipeline.png").stat().st_size > 10_000
+    assert len(load_modules(tmp_path / "modules")) == demo.FAST.num_partitions
+    meta = load_module(tmp_path / "meta.safetensors")
+    assert meta.num_inducing == demo.FAST.global_inducing and meta.info["target"]
