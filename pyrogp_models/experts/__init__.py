@@ -1,8 +1,11 @@
 """Product-of-experts combination of GP expert predictions (Cohen et al., ICML 2020).
 
 Expert predictions are latent ``mean``/``var`` tensors ``[J, N]`` or ``[J, N, C]`` (expert axis
-first). ``combine(rule, mean, var, ...)`` returns the combined latent ``(mean, var)``; apply the
-likelihood afterwards with the functions in :mod:`.predictive`.
+first). ``combine(rule, mean, var, ...)`` returns the combined latent ``(mean, var)``.
+
+* :mod:`.exact` — exact GP experts with shared hyperparameters (eq. 2), exported as modules;
+* :mod:`.module_experts` — batched latent predictions of any dictionary of modules;
+* :mod:`.predictor` — :class:`ExpertCombination`, modules + rule + likelihood as a predictor.
 """
 
 from .barycenter import (
@@ -14,6 +17,8 @@ from .barycenter import (
     w2_squared,
     w2_squared_1d,
 )
+from .exact import DEFAULT_TRAIN_CONFIG, ExactExperts, ExactFit, fit_exact_experts, grbcm_rows
+from .module_experts import ModuleExperts, check_same_observations
 from .predictive import (
     bernoulli_logit,
     bernoulli_probit,
@@ -25,6 +30,7 @@ from .predictive import (
     multiclass_robustmax,
     multiclass_softmax_mc,
 )
+from .predictor import SPACES, ExpertCombination
 from .rules import PRESETS, RULES, bcm, combine, gpoe, grbcm, poe, rbcm
 from .weights import (
     WEIGHTINGS,
@@ -40,8 +46,14 @@ from .weights import (
 )
 
 __all__ = [
+    "DEFAULT_TRAIN_CONFIG",
+    "ExactExperts",
+    "ExactFit",
+    "ExpertCombination",
+    "ModuleExperts",
     "PRESETS",
     "RULES",
+    "SPACES",
     "WEIGHTINGS",
     "barycenter_full",
     "barycenter_paper",
@@ -49,17 +61,20 @@ __all__ = [
     "bcm",
     "bernoulli_logit",
     "bernoulli_probit",
+    "check_same_observations",
     "categorical_log_prob",
     "combine",
     "combine_in_y_space",
     "differential_entropy",
     "expert_weights",
+    "fit_exact_experts",
     "fixed_point_residual",
     "gauss_hermite",
     "gaussian_log_density",
     "gaussian_predictive",
     "gpoe",
     "grbcm",
+    "grbcm_rows",
     "grbcm_liu",
     "multiclass_robustmax",
     "multiclass_softmax_mc",

@@ -85,7 +85,9 @@ class Categorical(Likelihood):
         log_cdf = torch.special.log_ndtr(z)
         eye = torch.eye(self.num_classes, dtype=torch.bool, device=mean.device).unsqueeze(-1)
         log_cdf = log_cdf.masked_fill(eye, 0.0)
-        return torch.logsumexp(log_cdf.sum(-2) + log_weights, dim=-1).exp().clamp(0.0, 1.0)
+        prob = torch.logsumexp(log_cdf.sum(-2) + log_weights, dim=-1).exp()
+        # Quadrature error can leave Σ_c P_c ≠ 1 when class variances differ widely.
+        return prob / prob.sum(-1, keepdim=True)
 
     def _robustmax_probs(self, prob_max):
         off = self.epsilon / (self.num_classes - 1)

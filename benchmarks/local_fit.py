@@ -1,0 +1,625 @@
+"""Benchmark: K local sparse GPs fitted as ONE batched Pyro model.
+
+Problem: K partitions of a 1-D regression data set, N_k points each, M_k inducing inputs, Gaussian
+likelihood, float64 (full mode: K ∈ {10, 100, 1000}, N_k = 200, M_k = 8). Three measurements:
+
+1. **Batched fit vs a loop of single fits** — ``fit_local`` on all K partitions at once against
+   ``fit_local`` called once per partition, the same number of Adam steps each (construction,
+   k-means initialisation, training and export included). The loop is timed in full up to
+   ``loop_full_max_k`` partitions; above that, on a random subset of partitions, scaled linearly
+   to K (said so in the table and in the JSON: ``loop_extrapolated``). Batched fits are run
+   between chunks of the loop, so both see the same machine load.
+2. **Time per optimiser step vs GPyTorch's batch-mode SVGP** (``ApproximateGP`` +
+   ``CholeskyVariationalDistribution(M, batch_shape=[K])`` + ``VariationalStrategy(...,
+   learn_inducing_locations=True)`` + ``ScaleKernel(RBFKernel(batch_shape=[K]))`` +
+   ``GaussianLikelihood(batch_shape=[K])`` + ``VariationalELBO``, Adam), same data, dtype, M,
+   full batch and initial values; forward + backward + step. Ours is timed through
+   ``inference.trainer.train`` (n steps per call, so whatever objective the trainer uses),
+   GPyTorch through its standard loop; the two interleaved round by round, medians over rounds.
+3. **Time to converge** — one K-partition fit with the trainer's settings (Adam at its default
+   learning rate, ``max_steps`` steps, then ``polish_steps`` at a tenth of it, which removes
+   Adam's noise floor), every partition's exact ELBO evaluated every ``check_every`` steps
+   (evaluation time excluded from the clock). The reference is the long run itself, refined by
+   full-batch L-BFGS: each partition's reference is the best ELBO it ever reached (full-batch
+   Adam is deterministic, so a separate reference run would retrace the same trajectory).
+   Reported: the step and time at which the LAST partition first gets within ``rtol``
+   (relative) of its own reference along the Adam trajectory, the first step at which all are
+   within it at once, and how many got there before the learning-rate drop.
+
+Usage::
+
+    python benchmarks/local_fit.py            # full mode → benchmarks/results/local_fit.json
+    python benchmarks/local_fit.py --quick    # seconds; → benchmarks/results/local_fit_quick.json
+
+Timings on a shared machine are noisy: compare only numbers from one run. The script pins torch
+to ``--threads`` threads (default 1: on an oversubscribed machine OpenMP threads that spin make
+multi-threaded timings erratic) and records machine information and load in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pyro
+import torch
+from pyro.infer import TraceMeanField_ELBO
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    finite_or_none,
+    format_seconds,
+    interleaved_times,
+    load_average,
+    machine_info,
+    median,
+    paired_ratios,
+    print_table,
+    write_json,
+)
+
+from inference.local_fit import LocalFitSpec, fit_local  # noqa: E402
+from inference.trainer import TrainConfig, train  # noqa: E402
+from pyrogp_models.data import Standardisation  # noqa: E402
+from pyrogp_models.local import LocalGPs  # noqa: E402
+from pyrogp_models.partition import Partition, partition_contiguous, partition_random  # noqa: E402
+
+pyro.settings.set(module_local_params=True)
+
+#: Targets of the issue, checked at the largest K of the run.
+TARGET_FIT_SPEEDUP = 50.0
+TARGET_STEP_SPEEDUP = 1.5
+
+
+@dataclass(frozen=True)
+class Settings:
+    ks: tuple[int, ...] = (10, 100, 1000)
+    points: int = 200
+    inducing: int = 8
+    fit_steps: int = 50
+    batched_repeats: int = 3
+    loop_full_max_k: int = 100
+    loop_subset: int = 25
+    step_rounds: int = 9
+    step_round_seconds: float = 1.0
+    step_warmup: int = 2
+    converge_k: int = 1000
+    rtol: float = 1e-3
+    check_every: int = 10
+    max_steps: int = 800
+    max_seconds: float | None = None
+    polish_steps: int = 400
+    lbfgs_calls: int = 5
+    polish_lr_factor: float = 0.1
+    noise_std: float = 0.1
+
+
+FULL = Settings()
+QUICK = Settings(ks=(2, 8), points=30, fit_steps=3, batched_repeats=2, loop_full_max_k=4,
+                 loop_subset=2, step_rounds=3, step_round_seconds=0.02, step_warmup=1,
+                 converge_k=8, check_every=5, max_steps=60, polish_steps=20, lbfgs_calls=1)
+
+
+# Data ---------------------------------------------------------------------------------------
+def make_problem(num_partitions: int, points: int, kind: str, noise_std: float, seed: int
+                 ) -> tuple[np.ndarray, np.ndarray, Partition]:
+    """1-D data with exactly ``points`` points in each of ``num_partitions`` partitions.
+
+    ``random``: each partition is a random subset of noisy samples of one smooth function on
+    [-1, 1] (every partition sees the whole input range). ``contiguous``: x spread over
+    [0, K], one unit interval per partition, a function with ~1 period per unit.
+    """
+    rng = np.random.default_rng(seed)
+    count = num_partitions * points
+    if kind == "random":
+        x = rng.uniform(-1.0, 1.0, count)
+        f = np.sin(3.0 * x) + 0.3 * np.sin(7.0 * x + 1.0)
+    elif kind == "contiguous":
+        x = rng.uniform(0.0, float(num_partitions), count)
+        f = np.sin(2 * np.pi * 0.6 * x) + 0.3 * np.sin(2 * np.pi * 1.7 * x + 1.0)
+    else:
+        raise ValueError(f"unknown partition kind {kind!r}")
+    y = f + noise_std * rng.standard_normal(count)
+    X = x[:, None]
+    partition = (partition_random(count, num_partitions, seed) if kind == "random"
+                 else partition_contiguous(X, num_partitions))
+    if not (partition.sizes == points).all():
+        raise RuntimeError("partitions of unequal size")
+    return X, y, partition
+
+
+def single_partition(size: int) -> Partition:
+    return Partition(np.zeros(size, dtype=np.int64), {"kind": "random", "num_partitions": 1})
+
+
+def build_model(X, y, partition, spec: LocalFitSpec, seed: int) -> LocalGPs:
+    """The batched model exactly as :func:`fit_local` builds it (same standardisation, init)."""
+    standardisation = Standardisation.fit(X, y, standardise_y=True)
+    as_tensor = lambda a: torch.as_tensor(a, dtype=spec.dtype)  # noqa: E731
+    generator = torch.Generator().manual_seed(seed)
+    return LocalGPs(as_tensor(standardisation.transform_x(X)),
+                    as_tensor(standardisation.transform_y(y)), partition, spec.num_inducing,
+                    spec.likelihood, spec.likelihood_options, spec.kernel, spec.ard,
+                    spec.inducing_init, spec.learn_inducing, spec.collapsed, noise=spec.noise,
+                    generator=generator)
+
+
+def trainer_stepper(model: LocalGPs, lr: float):
+    """One Adam step on the objective :func:`inference.trainer.train` would use: Pyro's
+    TraceMeanField ELBO of model/guide, or the module's own ``loss`` where the trainer has an
+    ``objective`` setting that selects it. Returns (step, optimizer); step returns the loss."""
+    elbo = TraceMeanField_ELBO()
+    optimizer = torch.optim.Adam(list(model.parameters()), lr=lr)
+    direct = getattr(model, "loss", None)
+    if getattr(TrainConfig(), "objective", "pyro") != "auto":
+        direct = None
+
+    def step():
+        optimizer.zero_grad()
+        if direct is not None:
+            loss = direct(None)
+        else:
+            loss = elbo.differentiable_loss(model.model, model.guide, None)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step, optimizer
+
+
+# 1. Batched fit vs loop of single fits ------------------------------------------------------
+def bench_fit_vs_loop(s: Settings, kind: str, seed: int) -> list[dict]:
+    spec = LocalFitSpec(num_inducing=s.inducing)
+    config = TrainConfig(steps=s.fit_steps, tol=None, seed=seed)
+    rows = []
+    for K in s.ks:
+        X, y, partition = make_problem(K, s.points, kind, s.noise_std, seed)
+        if K <= s.loop_full_max_k:
+            members = list(range(K))
+        else:
+            members = sorted(np.random.default_rng(seed + K).choice(K, s.loop_subset,
+                                                                    replace=False).tolist())
+        chunks = np.array_split(np.asarray(members), s.batched_repeats)
+        batched, singles = [], []
+        for chunk in chunks:
+            start = time.perf_counter()
+            fit = fit_local(X, y, partition, spec, config)
+            batched.append(time.perf_counter() - start)
+            if fit.result.steps != s.fit_steps or len(fit.modules) != K:
+                raise RuntimeError("batched fit did not run the requested steps")
+            for k in chunk.tolist():
+                index = partition.indices(k)
+                start = time.perf_counter()
+                single = fit_local(X[index], y[index], single_partition(len(index)), spec, config)
+                singles.append(time.perf_counter() - start)
+                if single.result.steps != s.fit_steps:
+                    raise RuntimeError("single fit did not run the requested steps")
+        measured = float(sum(singles))
+        extrapolated = len(members) < K
+        loop_seconds = measured * K / len(members)
+        batched_median = median(batched)
+        rows.append({
+            "K": K, "steps": s.fit_steps,
+            "batched_seconds": batched_median, "batched_seconds_all": batched,
+            "loop_seconds": loop_seconds, "loop_extrapolated": extrapolated,
+            "loop_timed_partitions": len(members), "loop_measured_seconds": measured,
+            "single_fit_seconds_median": median(singles),
+            "single_fit_seconds_all": singles if len(singles) <= 100 else None,
+            "speedup": loop_seconds / batched_median,
+        })
+        print(f"  fit vs loop K={K}: batched {format_seconds(batched_median)}, loop "
+              f"{format_seconds(loop_seconds)}{' (extrapolated)' if extrapolated else ''}",
+              flush=True)
+    return rows
+
+
+# 2. Per-step time vs GPyTorch ---------------------------------------------------------------
+def gpytorch_stepper(X_std: torch.Tensor, y_std: torch.Tensor, init: dict, lr: float):
+    """GPyTorch batch-mode SVGP on the same padded data, initialised like our model."""
+    import gpytorch
+
+    K, M, _ = init["inducing"].shape
+    batch = torch.Size([K])
+
+    class BatchSVGP(gpytorch.models.ApproximateGP):
+        def __init__(self, inducing):
+            distribution = gpytorch.variational.CholeskyVariationalDistribution(
+                M, batch_shape=batch)
+            strategy = gpytorch.variational.VariationalStrategy(
+                self, inducing, distribution, learn_inducing_locations=True)
+            super().__init__(strategy)
+            self.mean_module = gpytorch.means.ZeroMean(batch_shape=batch)
+            self.covar_module = gpytorch.kernels.ScaleKernel(
+                gpytorch.kernels.RBFKernel(batch_shape=batch), batch_shape=batch)
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x),
+                                                             self.covar_module(x))
+
+    dtype = X_std.dtype
+    model = BatchSVGP(init["inducing"].clone()).to(dtype)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).to(dtype)
+    model.covar_module.base_kernel.lengthscale = init["lengthscale"].reshape(K, 1, 1)
+    model.covar_module.outputscale = init["variance"].reshape(K)
+    likelihood.noise = init["noise"].reshape(K, 1)
+    num_data = X_std.shape[-2]
+    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=num_data)
+    optimizer = torch.optim.Adam(list(model.parameters()) + list(likelihood.parameters()), lr=lr)
+    model.train()
+    likelihood.train()
+
+    def step():
+        optimizer.zero_grad()
+        # VariationalELBO is per data point; × N makes it the same objective as ours.
+        loss = -mll(model(X_std), y_std).sum() * num_data
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def bench_per_step(s: Settings, kind: str, seed: int, lr: float) -> list[dict]:
+    spec = LocalFitSpec(num_inducing=s.inducing)
+    rows = []
+    for K in s.ks:
+        X, y, partition = make_problem(K, s.points, kind, s.noise_std, seed)
+        ours = build_model(X, y, partition, spec, seed)
+        svgp = ours.svgps[0]
+        if len(ours.svgps) != 1 or not bool(svgp.data_mask.all()):
+            raise RuntimeError("expected one group of equal-size partitions")
+        with torch.no_grad():
+            init = {"inducing": svgp.inducing.detach().clone(),
+                    "lengthscale": svgp.kernel.lengthscale.detach().clone(),
+                    "variance": svgp.kernel.variance.detach().clone(),
+                    "noise": svgp.likelihood.variance.detach().clone()}
+            initial_elbo = float(ours.elbo().sum())
+        theirs_step = gpytorch_stepper(svgp.data_X, svgp.data_y, init, lr)
+        loss_theirs = float(theirs_step())     # loss at the common initial point
+        config = TrainConfig(steps=1, tol=None, seed=None, lr=lr)
+        train(ours, None, config=config)
+        start = time.perf_counter()
+        train(ours, None, config=config)
+        estimate = time.perf_counter() - start
+        number = max(1, round(s.step_round_seconds / max(estimate, 1e-6)))
+        rounds = interleaved_times(_rounds(ours, replace(config, steps=number), theirs_step),
+                                   repeats=s.step_rounds, number=1, warmup=s.step_warmup)
+        times = {name: [t / number for t in values] for name, values in rounds.items()}
+        ratios = paired_ratios(times["gpytorch"], times["ours"])
+        row = {
+            "K": K, "steps_per_round": number, "rounds": s.step_rounds,
+            "ours_seconds": median(times["ours"]), "gpytorch_seconds": median(times["gpytorch"]),
+            "ours_seconds_all": times["ours"], "gpytorch_seconds_all": times["gpytorch"],
+            "speedup": median(times["gpytorch"]) / median(times["ours"]),
+            "speedup_paired_median": median(ratios),
+            "speedup_paired_min": min(ratios), "speedup_paired_max": max(ratios),
+            "first_loss_ours": -initial_elbo, "first_loss_gpytorch": loss_theirs,
+        }
+        rows.append(row)
+        print(f"  per step K={K}: ours {format_seconds(row['ours_seconds'])}, GPyTorch "
+              f"{format_seconds(row['gpytorch_seconds'])} ({number} steps × {s.step_rounds} "
+              "rounds)", flush=True)
+    return rows
+
+
+def _rounds(ours: LocalGPs, config: TrainConfig, theirs_step) -> dict:
+    """One timing round each: ``config.steps`` steps of train() and of the GPyTorch loop."""
+    def ours_round():
+        if train(ours, None, config=config).steps != config.steps:
+            raise RuntimeError("train() stopped early")
+
+    def theirs_round():
+        for _ in range(config.steps):
+            theirs_step()
+
+    return {"ours": ours_round, "gpytorch": theirs_round}
+
+
+# 3. Time to converge ------------------------------------------------------------------------
+def bench_convergence(s: Settings, kind: str, seed: int, lr: float) -> dict:
+    """One long run, Adam at ``lr`` then a polish at ``lr × polish_lr_factor``; each partition's
+    reference is the best exact ELBO it reaches. Hits are read off the same (deterministic)
+    trajectory, timed without the ELBO evaluations."""
+    spec = LocalFitSpec(num_inducing=s.inducing)
+    K = s.converge_k
+    X, y, partition = make_problem(K, s.points, kind, s.noise_std, seed)
+    model = build_model(X, y, partition, spec, seed)
+    pyro.set_rng_seed(seed)
+    step, optimizer = trainer_stepper(model, lr)
+    steps: list[int] = []
+    seconds: list[float] = []
+    elbos: list[torch.Tensor] = []
+    elapsed, done = 0.0, 0
+
+    def run(count: int) -> None:
+        nonlocal elapsed, done
+        start = time.perf_counter()
+        for _ in range(count):
+            step()
+        elapsed += time.perf_counter() - start
+        done += count
+        steps.append(done)
+        seconds.append(elapsed)
+        elbos.append(model.elbo().clone())
+        if not bool(torch.isfinite(elbos[-1]).all()):
+            raise FloatingPointError(f"non-finite ELBO at step {done}")
+
+    capped = False
+    while done < s.max_steps:
+        run(min(s.check_every, s.max_steps - done))
+        if s.max_seconds is not None and elapsed > s.max_seconds and done < s.max_steps:
+            capped = True
+            break
+    main_checks, main_steps = len(elbos), done
+    for group in optimizer.param_groups:
+        group["lr"] = lr * s.polish_lr_factor
+    while done < main_steps + s.polish_steps:
+        run(min(s.check_every, main_steps + s.polish_steps - done))
+    adam_checks = len(elbos)
+    lbfgs_evaluations = _lbfgs_reference(model, s.lbfgs_calls, elbos)
+
+    history = torch.stack(elbos)                       # [checks, K]
+    reference = history.max(0).values
+    relative = (history[:adam_checks] - reference).abs() / reference.abs()
+    within = relative <= s.rtol
+    reached = within.any(0)
+    first = within.to(torch.int64).argmax(0)
+    last = int(first.max()) if bool(reached.all()) else None
+    together = within.all(1).nonzero().flatten()
+    all_at_once = int(together[0]) if len(together) else None
+    hits = np.asarray([steps[i] if ok else np.inf
+                       for i, ok in zip(first.tolist(), reached.tolist(), strict=True)])
+    best = {"main": history[:main_checks].max(0).values,
+            "adam": history[:adam_checks].max(0).values}
+    return {
+        "K": K, "lr": lr, "rtol": s.rtol, "check_every": s.check_every,
+        "reference": f"best exact ELBO of each partition over {main_steps} Adam steps at lr "
+                     f"{lr:g}, {s.polish_steps} at lr {lr * s.polish_lr_factor:g} and "
+                     f"{lbfgs_evaluations} L-BFGS evaluations (strong Wolfe)",
+        "timed_trajectory": "the Adam part of the reference run (both learning rates)",
+        "main_steps": main_steps, "main_seconds": seconds[main_checks - 1],
+        "main_stopped_by": "time cap" if capped else "step count",
+        "polish_steps": s.polish_steps, "polish_lr": lr * s.polish_lr_factor,
+        "adam_steps": done, "adam_seconds": elapsed,
+        "lbfgs_reference_evaluations": lbfgs_evaluations,
+        "seconds_per_step": elapsed / done,
+        "partitions_within": int(reached.sum()),
+        "partitions_within_during_main": int(within[:main_checks].any(0).sum()),
+        "last_partition_step": None if last is None else steps[last],
+        "last_partition_seconds": None if last is None else seconds[last],
+        "last_partition_phase": None if last is None else (
+            "main" if last < main_checks else "low learning rate"),
+        "all_within_step": None if all_at_once is None else steps[all_at_once],
+        "all_within_seconds": None if all_at_once is None else seconds[all_at_once],
+        "first_within_step_percentiles": {   # over all K partitions; None = not reached
+            str(q): finite_or_none(float(np.percentile(hits, q, method="higher")))
+            for q in (50, 90, 99, 100)},
+        "adam_final_relative_gap_median": float(relative[adam_checks - 1].median()),
+        "adam_final_relative_gap_max": float(relative[adam_checks - 1].max()),
+        "main_final_relative_gap_max": float(relative[main_checks - 1].max()),
+        "main_final_relative_gap_median": float(relative[main_checks - 1].median()),
+        "main_best_relative_gap_max": float(((reference - best["main"]) / reference.abs()).max()),
+        "adam_best_relative_gap_max": float(((reference - best["adam"]) / reference.abs()).max()),
+        "reference_elbo_median": float(reference.median()),
+        "reference_elbo_min": float(reference.min()),
+        "reference_elbo_max": float(reference.max()),
+    }
+
+
+def _lbfgs_reference(model: LocalGPs, calls: int, elbos: list[torch.Tensor]) -> int:
+    """Refine the reference with full-batch L-BFGS (the trainer's settings, lr 1); appends the
+    exact ELBO after every call to ``elbos`` while it stays finite. Returns the evaluations."""
+    optimizer = torch.optim.LBFGS(list(model.parameters()), lr=1.0, max_iter=20,
+                                  history_size=50, line_search_fn="strong_wolfe",
+                                  tolerance_grad=1e-12, tolerance_change=1e-14)
+    elbo = TraceMeanField_ELBO()
+    direct = getattr(model, "loss", None)
+    evaluations = 0
+
+    def closure():
+        nonlocal evaluations
+        evaluations += 1
+        optimizer.zero_grad()
+        loss = (direct(None) if direct is not None
+                else elbo.differentiable_loss(model.model, model.guide, None))
+        loss.backward()
+        return loss
+
+    for _ in range(calls):
+        try:
+            optimizer.step(closure)
+        except Exception:  # noqa: BLE001 - a failed refinement only leaves the reference as is
+            break
+        values = model.elbo().clone()
+        if not bool(torch.isfinite(values).all()):
+            break
+        elbos.append(values)
+    return evaluations
+
+
+# Main ---------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny problem sizes, for a smoke test (seconds)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON output (default: benchmarks/results/local_fit[_quick].json)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1; 0 keeps torch's default)")
+    parser.add_argument("--partition", choices=("random", "contiguous"), default="random",
+                        help="how the data are split (default random: every partition spans the "
+                             "input range)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ks", type=int, nargs="+", default=None, help="override K values")
+    parser.add_argument("--fit-steps", type=int, default=None,
+                        help="Adam steps of every fit in the batched-vs-loop comparison")
+    parser.add_argument("--converge-k", type=int, default=None)
+    parser.add_argument("--converge-steps", type=int, default=None,
+                        help="Adam steps at the trainer's learning rate in the convergence run")
+    parser.add_argument("--converge-polish-steps", type=int, default=None,
+                        help="further Adam steps at a tenth of the learning rate")
+    parser.add_argument("--max-converge-seconds", type=float, default=None,
+                        help="wall-time cap of the main convergence phase")
+    parser.add_argument("--skip", nargs="*", default=(), choices=("loop", "step", "converge"),
+                        help="sections to skip")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    overrides = {key: value for key, value in {
+        "ks": tuple(args.ks) if args.ks else None, "fit_steps": args.fit_steps,
+        "converge_k": args.converge_k, "max_seconds": args.max_converge_seconds,
+        "max_steps": args.converge_steps, "polish_steps": args.converge_polish_steps}.items()
+        if value is not None}
+    settings = replace(settings, **overrides)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.set_default_dtype(torch.float64)
+    lr = TrainConfig().lr
+    mode = "quick" if args.quick else "full"
+    out = args.out or RESULTS_DIR / f"local_fit{'_quick' if args.quick else ''}.json"
+    started = time.perf_counter()
+    payload: dict = {
+        "benchmark": "local_fit", "mode": mode, "machine": machine_info(),
+        "problem": {"input_dim": 1, "points_per_partition": settings.points,
+                    "inducing_per_partition": settings.inducing, "likelihood": "gaussian",
+                    "kernel": "rbf", "dtype": "float64", "partition": args.partition,
+                    "noise_std": settings.noise_std, "learn_inducing": True, "seed": args.seed,
+                    "optimizer": f"Adam(lr={lr})", "ks": list(settings.ks)},
+        "settings": asdict(settings),
+        "notes": [
+            "ours: pyrogp_models LocalGPs; per-step times are inference.trainer.train(steps=n) "
+            "calls (its objective and Adam), GPyTorch: n steps of its standard loop; medians "
+            "over interleaved rounds. first_loss_*: −ELBO at the common initial point.",
+        ],
+    }
+    print(f"local_fit benchmark ({mode}): torch {torch.__version__}, "
+          f"{torch.get_num_threads()} thread(s), partition={args.partition}", flush=True)
+    _warm_up(settings, args.partition, args.seed, lr)
+
+    if "loop" not in args.skip:
+        print("[1/3] batched fit vs loop of single fits", flush=True)
+        rows = bench_fit_vs_loop(settings, args.partition, args.seed)
+        payload["fit_vs_loop"] = rows
+        if any(row["loop_extrapolated"] for row in rows):
+            payload["notes"].append(
+                "fit_vs_loop: where loop_extrapolated is true, the loop of single fits was timed "
+                "on loop_timed_partitions randomly chosen partitions and scaled linearly to K.")
+    if "step" not in args.skip:
+        print("[2/3] time per optimiser step vs GPyTorch batch-mode SVGP", flush=True)
+        payload["per_step_vs_gpytorch"] = bench_per_step(settings, args.partition, args.seed, lr)
+    if "converge" not in args.skip:
+        print(f"[3/3] time for all K={settings.converge_k} fits to reach ELBO within "
+              f"{settings.rtol:g} of a long reference run", flush=True)
+        payload["convergence"] = bench_convergence(settings, args.partition, args.seed, lr)
+
+    payload["targets"] = _targets(payload)
+    payload["total_seconds"] = time.perf_counter() - started
+    payload["machine"]["load_average_end"] = load_average()
+    _print_tables(payload)
+    path = write_json(out, payload)
+    print(f"\nJSON written to {path}", flush=True)
+    return payload
+
+
+def _warm_up(s: Settings, kind: str, seed: int, lr: float) -> None:
+    """One tiny untimed fit of each kind, so lazy imports and first-call costs are not timed."""
+    X, y, partition = make_problem(2, s.inducing + 2, kind, s.noise_std, seed)
+    spec = LocalFitSpec(num_inducing=s.inducing)
+    fit_local(X, y, partition, spec, TrainConfig(steps=2, tol=None, seed=seed))
+    model = build_model(X, y, partition, spec, seed)
+    svgp = model.svgps[0]
+    init = {"inducing": svgp.inducing.detach(), "lengthscale": svgp.kernel.lengthscale.detach(),
+            "variance": svgp.kernel.variance.detach(), "noise": svgp.likelihood.variance.detach()}
+    gpytorch_stepper(svgp.data_X, svgp.data_y, init, lr)()
+
+
+def _targets(payload: dict) -> dict:
+    targets = {}
+    if payload.get("fit_vs_loop"):
+        row = max(payload["fit_vs_loop"], key=lambda r: r["K"])
+        targets["fit_vs_loop"] = {"K": row["K"], "target_speedup": TARGET_FIT_SPEEDUP,
+                                  "speedup": row["speedup"],
+                                  "met": row["speedup"] >= TARGET_FIT_SPEEDUP,
+                                  "loop_extrapolated": row["loop_extrapolated"]}
+    if payload.get("per_step_vs_gpytorch"):
+        row = max(payload["per_step_vs_gpytorch"], key=lambda r: r["K"])
+        targets["per_step_vs_gpytorch"] = {"K": row["K"], "target_speedup": TARGET_STEP_SPEEDUP,
+                                           "speedup": row["speedup"],
+                                           "met": row["speedup"] >= TARGET_STEP_SPEEDUP}
+    return targets
+
+
+def _print_tables(payload: dict) -> None:
+    print()
+    if payload.get("fit_vs_loop"):
+        rows = [[r["K"], r["steps"], format_seconds(r["batched_seconds"]),
+                 format_seconds(r["loop_seconds"])
+                 + (f" *({r['loop_timed_partitions']} timed)" if r["loop_extrapolated"] else ""),
+                 format_seconds(r["single_fit_seconds_median"]), f"{r['speedup']:.1f}×"]
+                for r in payload["fit_vs_loop"]]
+        print_table(rows, ["K", "steps", "batched fit", "loop of single fits", "single fit",
+                           "speedup"],
+                    title="Batched fit vs loop of single fits (median; construction, training "
+                          "and export included)")
+        if any(r["loop_extrapolated"] for r in payload["fit_vs_loop"]):
+            print("  * loop timed on a random subset of partitions and scaled linearly to K")
+        print()
+    if payload.get("per_step_vs_gpytorch"):
+        rows = [[r["K"], format_seconds(r["ours_seconds"]), format_seconds(r["gpytorch_seconds"]),
+                 f"{r['speedup']:.2f}×",
+                 f"{r['speedup_paired_median']:.2f}× [{r['speedup_paired_min']:.2f}, "
+                 f"{r['speedup_paired_max']:.2f}]"]
+                for r in payload["per_step_vs_gpytorch"]]
+        print_table(rows, ["K", "ours / step", "GPyTorch / step", "speedup",
+                           "paired ratio median [min, max]"],
+                    title="Time per optimiser step (forward + backward + Adam step), interleaved")
+        print()
+    if payload.get("convergence"):
+        c = payload["convergence"]
+        rows = [
+            ["partitions", c["K"]],
+            ["timed Adam run", f"{c['main_steps']} steps at lr {c['lr']:g} "
+                               f"+ {c['polish_steps']} at lr {c['polish_lr']:g}"],
+            ["reference", f"best ELBO of the Adam run + {c['lbfgs_reference_evaluations']} "
+                          "L-BFGS evaluations"],
+            ["last partition within rtol", _step_time(c["last_partition_step"],
+                                                      c["last_partition_seconds"])
+             + (f" ({c['last_partition_phase']} phase)" if c["last_partition_phase"] else "")],
+            ["all partitions within at once", _step_time(c["all_within_step"],
+                                                         c["all_within_seconds"])],
+            ["within rtol at lr " + f"{c['lr']:g}",
+             f"{c['partitions_within_during_main']} / {c['K']} partitions"],
+            ["within rtol by the end", f"{c['partitions_within']} / {c['K']} partitions"],
+            ["partitions within rtol: 50% / 90% / 99%",
+             " / ".join(_step_time(c["first_within_step_percentiles"][q], None)
+                        for q in ("50", "90", "99"))],
+            ["relative gap at the end: median / max",
+             f"{c['adam_final_relative_gap_median']:.1e} / {c['adam_final_relative_gap_max']:.1e}"],
+            ["time per step", format_seconds(c["seconds_per_step"])],
+        ]
+        print_table(rows, ["convergence", f"rtol {c['rtol']:g}"],
+                    title="Time for all fits to reach their reference ELBO")
+        print()
+    for name, t in payload.get("targets", {}).items():
+        print(f"target {name} at K={t['K']}: ≥{t['target_speedup']:g}× — measured "
+              f"{t['speedup']:.2f}× → {'MET' if t['met'] else 'NOT MET'}")
+
+
+def _step_time(step, seconds) -> str:
+    if step is None:
+        return "not reached"
+    return f"step {step:.0f}" + ("" if seconds is None else f", {format_seconds(seconds)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""ExpertCombination: modules + a product-of-experts rule + the likelihood, in data units."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from inference.local_fit import LocalFitSpec, fit_local
+from inference.trainer import TrainConfig
+from pyrogp_models.data import Standardisation
+from pyrogp_models.errors import IncompatibleModulesError
+from pyrogp_models.experts import (
+    ExpertCombination,
+    ModuleExperts,
+    combine,
+    combine_in_y_space,
+    fit_exact_experts,
+    grbcm_rows,
+)
+from pyrogp_models.partition import partition_kmeans, partition_random
+from pyrogp_models.routed import Predictor
+
+TOL = dict(rtol=1e-9, atol=1e-12)
+QUICK = TrainConfig(steps=10, tol=None)
+
+#: (rule, weights, temperature) that return a single expert unchanged (spec §5.A.1).
+ONE_EXPERT_RULES = [
+    ("poe", None, None),
+    ("gpoe", None, None),
+    ("gpoe", "softmax-var", 100.0),
+    ("bcm", None, None),
+    ("rbcm", "uniform", None),
+    ("rbcm", "softmax-var", 15.0),
+    ("barycenter", "softmax-var", 100.0),
+    ("barycenter-paper", "uniform", None),
+]
+
+
+def regression_data(n=150, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 10, (n, 2))
+    y = 3.0 * np.sin(X[:, 0]) + X[:, 1] + 0.3 * rng.standard_normal(n) + 20.0
+    return X, y, rng.uniform(-1, 11, (40, 2))
+
+
+@pytest.fixture(scope="module")
+def exact_fit():
+    torch.set_default_dtype(torch.float64)
+    X, y, Xs = regression_data()
+    fit = fit_exact_experts(X, y, partition_kmeans(X, 4, seed=0),
+                            config=TrainConfig(optimizer="lbfgs", lr=1.0, steps=1, window=1))
+    return fit, X, y, Xs
+
+
+@pytest.fixture(scope="module")
+def svgp_modules():
+    torch.set_default_dtype(torch.float64)
+    X, y, _ = regression_data(seed=1)
+    fit = fit_local(X, y, partition_random(len(y), 3, 0),
+                    LocalFitSpec(num_inducing=[5, 8, 5]), QUICK)
+    return fit.modules
+
+
+def assert_predicts_like(combination, module, Xs, y):
+    for got, want in zip(combination.predict_f(Xs), module.predict_f(Xs), strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL)
+    for got, want in zip(combination.predict_y(Xs), module.predict_y(Xs), strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL)
+    np.testing.assert_allclose(combination.log_predictive(Xs, y).numpy(),
+                               module.log_predictive(Xs, y).numpy(), **TOL)
+
+
+@pytest.mark.parametrize("rule,weights,temperature", ONE_EXPERT_RULES)
+def test_one_module_is_returned_unchanged_in_data_units(rule, weights, temperature, exact_fit,
+                                                        svgp_modules):
+    fit, _, _, Xs = exact_fit
+    y = np.linspace(15.0, 30.0, len(Xs))
+    for module in (next(iter(fit.modules.values())), next(iter(svgp_modules.values()))):
+        combination = ExpertCombination({"only": module}, rule, weights, temperature)
+        assert_predicts_like(combination, module, Xs, y)
+
+
+def test_one_module_in_y_space_and_grbcm_with_one_augmented_expert(exact_fit):
+    fit, X, y, Xs = exact_fit
+    y_test = np.linspace(15.0, 30.0, len(Xs))
+    first = next(iter(fit.modules.values()))
+    assert_predicts_like(ExpertCombination({"a": first}, "poe", space="y"), first, Xs, y_test)
+    rows, partition = grbcm_rows(partition_random(len(y), 1, 0), 30, seed=0)
+    communication, augmented = fit_exact_experts(X[rows], y[rows], partition,
+                                                 config=TrainConfig(steps=0)).modules.values()
+    communication = replace(communication, info={**communication.info, "role": "communication"})
+    combination = ExpertCombination({"augmented": augmented, "c": communication}, "grbcm")
+    assert combination.communication == 1
+    assert_predicts_like(combination, augmented, Xs, y_test)
+
+
+def test_entropy_rbcm_of_one_expert_is_not_the_expert_prop3(exact_fit):
+    fit, _, _, Xs = exact_fit
+    module = next(iter(fit.modules.values()))
+    mean, var = ExpertCombination({"a": module}, "rbcm").predict_f(Xs)
+    assert not np.allclose(var.numpy(), module.predict_f(Xs)[1].numpy(), rtol=1e-3)
+
+
+def test_combination_equals_rules_on_per_module_predictions(exact_fit, svgp_modules):
+    fit, _, _, Xs = exact_fit
+    for modules in (fit.modules, svgp_modules):
+        experts = ModuleExperts(modules)
+        assert len(experts.groups) > 1  # several M: one batched conditional per group
+        mean, var = experts.predict_f(Xs)
+        for j, module in enumerate(modules.values()):
+            for got, want in zip((mean[j], var[j]), module.predict_f(Xs), strict=True):
+                np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL)
+        prior = torch.stack([m.variance for m in modules.values()]).mean()
+        noise = torch.stack([m.likelihood_params["variance"] for m in modules.values()]).mean()
+        for rule, weights, space in [("rbcm", None, "f"), ("gpoe", "softmax-var", "f"),
+                                     ("bcm", None, "y"), ("barycenter", "softmax-var", "y")]:
+            combination = ExpertCombination(experts, rule, weights, 50.0, space=space)
+            kwargs = dict(prior_var=prior.expand(len(Xs)), weights=weights, temperature=50.0)
+            if space == "f":
+                want_mean, want_var = combine(rule, mean, var, **kwargs)
+                want_y_var = want_var + noise
+            else:
+                want_mean, want_y_var = combine_in_y_space(rule, mean, var, noise_var=noise,
+                                                           **kwargs)
+            s = fit.standardisation if modules is fit.modules else svgp_modules[
+                "part000"].standardisation
+            y_mean, y_var = combination.predict_y(Xs)
+            np.testing.assert_allclose(y_mean.numpy(), s.inverse_y_mean(want_mean).numpy(),
+                                       **TOL)
+            np.testing.assert_allclose(y_var.numpy(), s.inverse_y_var(want_y_var).numpy(),
+                                       **TOL)
+
+
+def test_predictor_protocol_and_names(exact_fit):
+    fit, _, _, _ = exact_fit
+    tagged = {name: replace(m, info={**m.info, "features": ["a", "b"], "target": "t"})
+              for name, m in fit.modules.items()}
+    combination = ExpertCombination(tagged, "gpoe", "softmax-var", 100.0)
+    assert isinstance(combination, Predictor)
+    assert combination.likelihood_name == "gaussian" and not combination.is_classifier
+    assert combination.feature_names == ["a", "b"] and combination.target_name == "t"
+    assert combination.names == list(fit.modules)
+
+
+def test_incompatible_modules_are_refused(exact_fit, svgp_modules):
+    fit, _, _, _ = exact_fit
+    first, second = list(fit.modules.values())[:2]
+    s = second.standardisation
+    rescaled = replace(second, standardisation=Standardisation(s.x_mean, s.x_scale, s.y_mean,
+                                                               2.0 * s.y_scale))
+    with pytest.raises(IncompatibleModulesError, match="standardise"):
+        ExpertCombination({"a": first, "b": rescaled}, "poe")
+    with pytest.raises(IncompatibleModulesError, match="standardise"):
+        ExpertCombination({"a": first, **svgp_modules}, "poe")
+    other = replace(second, likelihood_name="poisson", likelihood_params={})
+    with pytest.raises(IncompatibleModulesError, match="likelihood"):
+        ExpertCombination({"a": first, "b": other}, "poe")
+    with pytest.raises(IncompatibleModulesError, match="no modules"):
+        ExpertCombination({}, "poe")
+
+
+@pytest.mark.parametrize("rule,weights,temperature,error", [
+    ("poe", "uniform", None, "fixed weights"),
+    ("gpoe", "softmax-var", None, "temperature"),
+    ("median", None, None, "unknown combination rule"),
+    ("gpoe", "variance", None, "unknown weighting"),
+])
+def test_bad_arguments_fail_at_construction(exact_fit, rule, weights, temperature, error):
+    with pytest.raises(ValueError, match=error):
+        ExpertCombination(exact_fit[0].modules, rule, weights, temperature)
+
+
+@pytest.mark.parametrize("likelihood,options", [
+    ("categorical", {"num_classes": 3, "link": "softmax", "num_samples": 256}),
+    ("bernoulli", {"link": "probit"}),
+])
+def test_classification_combination_gives_probabilities(likelihood, options):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, (240, 2))
+    labels = (X[:, 0] > 0).astype(float) + (X[:, 1] > 1.0) * (likelihood == "categorical")
+    fit = fit_local(X, labels, partition_kmeans(X, 3, seed=0),
+                    LocalFitSpec(num_inducing=6, likelihood=likelihood,
+                                 likelihood_options=options), QUICK)
+    Xs = rng.uniform(-5, 5, (30, 2))
+    for rule, weights, temperature in [("gpoe", "softmax-var", 10.0), ("rbcm", None, None),
+                                       ("barycenter-paper", "uniform", None), ("poe", None, None)]:
+        combination = ExpertCombination(fit.modules, rule, weights, temperature)
+        assert combination.is_classifier
+        prob, _ = combination.predict_y(Xs)
+        assert bool(((prob >= 0) & (prob <= 1)).all())
+        log_density = combination.log_predictive(Xs, labels[:30])
+        assert log_density.shape == (30,) and bool((log_density <= 0).all())
+        if likelihood == "categorical":
+            assert prob.shape == (30, 3)
+            np.testing.assert_allclose(prob.sum(-1).numpy(), 1.0, rtol=1e-12)
+        else:
+            np.testing.assert_allclose(log_density.exp().numpy(),
+                                       np.where(labels[:30] == 1, prob, 1 - prob), rtol=1e-12)

@@ -1,0 +1,78 @@
+"""Smoke test: ``benchmarks/meta_gp.py --quick`` runs quickly and writes the expected JSON."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "meta_gp.py"
+BUDGET_SECONDS = 40.0
+REGIONS = ("in_range", "extrapolation", "all")
+SCORES = ("rmse_f", "mae_f", "nlpd", "coverage95")
+
+
+def test_meta_gp_benchmark_quick(tmp_path):
+    out = tmp_path / "meta_gp_quick.json"
+    start = time.perf_counter()
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=BUDGET_SECONDS)
+    elapsed = time.perf_counter() - start
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert elapsed < BUDGET_SECONDS
+    assert f"JSON written to {out}" in completed.stdout
+    assert "Targets" in completed.stdout
+
+    payload = json.loads(out.read_text())
+    assert payload["benchmark"] == "meta_gp"
+    assert payload["mode"] == "quick"
+    for key in ("cpu_count", "torch", "torch_threads", "date_utc"):
+        assert payload["machine"][key] is not None, key
+    assert payload["problem"]["dtype"] == "float64"
+
+    e2e = payload["end_to_end"]
+    assert set(e2e["stages"]) == {"data", "local_fits", "recycle", "predict"}
+    for stage in e2e["stages"].values():
+        assert stage["wall_seconds"] > 0 and stage["cpu_seconds"] >= 0
+    assert e2e["total_seconds"] > 0
+    assert e2e["N"] == e2e["K"] * e2e["points_per_partition"]
+    assert e2e["meta_min_precision_eigenvalue"] > 0
+    for model in ("meta", "full_svgp"):
+        for region in REGIONS:
+            assert set(e2e[model][region]) == set(SCORES), (model, region)
+    assert e2e["full_svgp_fit"]["kept"] in ("minibatch", "subsample fit")
+
+    settings = payload["settings"]
+    rows = payload["scaling"]
+    assert [(row["M"], row["K"]) for row in rows] == [
+        (M, K) for M in settings["ms"] for K in settings["ks"]]
+    for row in rows:
+        for key in ("bound_grad_seconds", "collapsed_grad_seconds", "fit_seconds",
+                    "stack_seconds", "bound_us_per_module", "collapsed_us_per_module"):
+            assert row[key] > 0, key
+        assert row["fit_evaluations"] >= 1 and row["fit_steps"] >= 1
+        assert len(row["bound_grad_seconds_all"]) == settings["objective_repeats"]
+    slopes = payload["scaling_slopes"]
+    assert len(slopes) == 3 * len(settings["ms"])
+    assert all(isinstance(row["slope"], float) for row in slopes)
+
+    profile = payload["profile"]
+    assert profile["K"] == max(settings["ks"]) and profile["M"] == min(settings["ms"])
+    assert profile["forward_seconds"] > 0 and profile["top_ops"]
+
+    methods = payload["accuracy"]["methods"]
+    for name in ("meta (collapsed)", "full-data SVGP", "PoE", "gPoE_unif", "BCM", "rBCM_entr",
+                 "gPoE_var", "rBCM_var_u", "BAR_var", "BAR_var_w2"):
+        assert set(methods[name]) == set(REGIONS), name
+        assert set(methods[name]["in_range"]["nlpd"]) == {"mean", "sd"}
+
+    targets = payload["targets"]
+    assert set(targets) == {
+        "fit_k5000_under_30s", "objective_linear_in_K", "end_to_end_under_5_minutes",
+        "end_to_end_rmse_within_1.5x_full_svgp", "accuracy_10k_rmse_le_0.3",
+        "accuracy_10k_nlpd_within_0.1_of_full_svgp", "accuracy_10k_nlpd_better_than_poe_family"}
+    for target in targets.values():
+        assert isinstance(target["met"], bool)
+        assert isinstance(target["value"], float) and isinstance(target["threshold"], float)
