@@ -64,9 +64,8 @@ from _common import (  # noqa: E402
     write_json,
 )
 
-from inference.local_fit import LocalFitSpec, fit_local  # noqa: E402
+from inference.local_fit import LocalFitSpec, fit_local, model_inputs, seeded_generator  # noqa: E402
 from inference.trainer import TrainConfig, train  # noqa: E402
-from pyrogp_models.data import Standardisation  # noqa: E402
 from pyrogp_models.local import LocalGPs  # noqa: E402
 from pyrogp_models.partition import Partition, partition_contiguous, partition_random  # noqa: E402
 
@@ -140,14 +139,11 @@ def single_partition(size: int) -> Partition:
 
 def build_model(X, y, partition, spec: LocalFitSpec, seed: int) -> LocalGPs:
     """The batched model exactly as :func:`fit_local` builds it (same standardisation, init)."""
-    standardisation = Standardisation.fit(X, y, standardise_y=True)
-    as_tensor = lambda a: torch.as_tensor(a, dtype=spec.dtype)  # noqa: E731
-    generator = torch.Generator().manual_seed(seed)
-    return LocalGPs(as_tensor(standardisation.transform_x(X)),
-                    as_tensor(standardisation.transform_y(y)), partition, spec.num_inducing,
-                    spec.likelihood, spec.likelihood_options, spec.kernel, spec.ard,
-                    spec.inducing_init, spec.learn_inducing, spec.collapsed, noise=spec.noise,
-                    generator=generator)
+    X_model, y_model, _ = model_inputs(X, y, spec)
+    return LocalGPs(X_model, y_model, partition, spec.num_inducing, spec.likelihood,
+                    spec.likelihood_options, spec.kernel, spec.ard, spec.inducing_init,
+                    spec.learn_inducing, spec.collapsed, noise=spec.noise,
+                    generator=seeded_generator(TrainConfig(seed=seed), spec))
 
 
 def trainer_stepper(model: LocalGPs, lr: float):

@@ -123,6 +123,8 @@ class Settings:
     accuracy_uncollapsed: bool = True
     inducing: int = 35  # M of the end-to-end and accuracy runs
     meta_steps: int = 15  # L-BFGS steps (≤ 20 iterations each) of every meta-GP fit
+    fit_repeats: int = 3  # whole fits per (K, M), while their total stays within the budget
+    fit_repeat_budget: float = 240.0
 
 
 FULL = Settings()
@@ -130,7 +132,7 @@ QUICK = Settings(e2e_replicas=2, e2e_points=40, e2e_test=1000, local_steps=40,
                  full_subsample=2000, full_batch=500, full_steps=20, ks=(25, 50, 100),
                  ms=(15, 35), objective_repeats=2, accuracy_seeds=(0,), accuracy_points=60,
                  accuracy_local_steps=100, accuracy_test=300, accuracy_uncollapsed=False,
-                 meta_steps=3)
+                 meta_steps=3, fit_repeats=1)
 
 
 # Data ---------------------------------------------------------------------------------------
@@ -388,14 +390,22 @@ def bench_scaling(s: Settings, modules: dict[str, Module]) -> list[dict]:
             calls = _objective_calls(_meta_for_timing(stack, M, False),
                                      _meta_for_timing(stack, M, True))
             times = interleaved_times(calls, repeats=s.objective_repeats)
-            with Stopwatch() as fit_clock:
-                recycled = fit_meta(subset, M, steps=s.meta_steps)
+            fit_walls, fit_cpus = [], []
+            while True:  # repeat fits that are quick enough; report medians
+                with Stopwatch() as fit_clock:
+                    recycled = fit_meta(subset, M, steps=s.meta_steps)
+                fit_walls.append(fit_clock.wall)
+                fit_cpus.append(fit_clock.cpu)
+                if (len(fit_walls) >= s.fit_repeats
+                        or sum(fit_walls) + fit_walls[0] > s.fit_repeat_budget):
+                    break
             row = {"K": K, "M": M, "stack_seconds": stack_clock.wall,
                    "bound_grad_seconds": median(times["bound"]),
                    "collapsed_grad_seconds": median(times["collapsed"]),
                    "bound_grad_seconds_all": times["bound"],
                    "collapsed_grad_seconds_all": times["collapsed"],
-                   "fit_seconds": fit_clock.wall, "fit_cpu_seconds": fit_clock.cpu,
+                   "fit_seconds": median(fit_walls), "fit_cpu_seconds": median(fit_cpus),
+                   "fit_seconds_all": fit_walls,
                    "fit_steps": recycled.result.steps,
                    "fit_evaluations": recycled.meta.evaluations,
                    "fit_converged": recycled.result.converged,
@@ -405,7 +415,8 @@ def bench_scaling(s: Settings, modules: dict[str, Module]) -> list[dict]:
             rows.append(row)
             print(f"  K={K:5d} M={M:3d}: L_E+grad {format_seconds(row['bound_grad_seconds'])}, "
                   f"L_E*+grad {format_seconds(row['collapsed_grad_seconds'])}, fit "
-                  f"{format_seconds(fit_clock.wall)} ({recycled.meta.evaluations} evaluations)",
+                  f"{format_seconds(row['fit_seconds'])} ({recycled.meta.evaluations} evaluations, "
+                  f"median of {len(fit_walls)})",
                   flush=True)
     return rows
 
@@ -475,6 +486,8 @@ def bench_accuracy(s: Settings) -> dict:
         experts = ModuleExperts(local.modules)
         for name in BASELINES + HEALED:
             scores[name] = evaluate(PresetCombination(experts, name), test)
+        if seed == s.accuracy_seeds[0]:
+            ablation = learned_inducing_ablation(problem, test, s, seed, local)
         for name, value in scores.items():
             runs.setdefault(name, []).append(value)
         extra.append(seed_extra)
@@ -486,7 +499,24 @@ def bench_accuracy(s: Settings) -> dict:
     return {"K": 50, "points_per_partition": s.accuracy_points, "M_k": 3, "M": s.inducing,
             "seeds": list(s.accuracy_seeds), "test_points": s.accuracy_test,
             "temperature": TEMPERATURE, "methods": summarise(runs), "per_seed": runs,
-            "fits": extra}
+            "fits": extra, "ablation_learned_inducing": ablation}
+
+
+def learned_inducing_ablation(problem: Problem, test: TestSet, s: Settings, seed: int,
+                              fixed: LocalFit) -> dict:
+    """The same local fit with Z_k learned (the LocalFitSpec default), then the same meta-GP."""
+    config = TrainConfig(optimizer="adam", lr=s.local_lr, steps=s.accuracy_local_steps,
+                         tol=None, seed=seed)
+    learned = fit_local(problem.X, problem.y, problem.partition,
+                        LocalFitSpec(num_inducing=3, collapsed=True), config)
+    out = {}
+    for name, local in (("fixed Z_k", fixed), ("learned Z_k", learned)):
+        meta = fit_meta(local.modules, s.inducing, steps=s.meta_steps)
+        scores = evaluate(meta.module, test)["in_range"]
+        out[name] = {"summed_local_bound": -local.result.final_loss,
+                     "summed_local_elbo": float(sum(m.elbo for m in local.modules.values())),
+                     "meta_rmse_in_range": scores["rmse_f"], "meta_nlpd_in_range": scores["nlpd"]}
+    return out
 
 
 def summarise(runs: dict[str, list[dict]]) -> dict:
@@ -599,6 +629,11 @@ def print_tables(payload: dict) -> None:
     print_table(rows, ["method", "RMSE(f) in", "NLPD in", "RMSE(f) extrap", "NLPD extrap"],
                 f"Accuracy at 10⁴ points (K = 50 × N_k = {accuracy['points_per_partition']}, "
                 f"M_k = 3, M = {accuracy['M']}; mean ± sd over seeds {accuracy['seeds']})")
+    ablation = accuracy["ablation_learned_inducing"]
+    print("\nLocal inducing inputs fixed vs learned (first seed): " + "; ".join(
+        f"{name}: summed ELBO {v['summed_local_elbo']:.1f}, meta RMSE "
+        f"{v['meta_rmse_in_range']:.3f}, NLPD {v['meta_nlpd_in_range']:.3f}"
+        for name, v in ablation.items()))
     print()
     print_table([[name, "met" if t["met"] else "MISSED", f"{t['value']:.4g}",
                   f"{t['threshold']:.4g}"] for name, t in payload["targets"].items()],
@@ -635,10 +670,9 @@ def main(argv=None) -> dict:
         "meta_config": asdict(META_CONFIG),
         "notes": [
             "Modules: fit_local(LocalFitSpec(3, collapsed=True, learn_inducing=False)), Adam on "
-            "the sum of the K collapsed bounds; k-means inducing inputs kept fixed. With Z "
-            "learned (the LocalFitSpec default) the same Adam run at 10⁴ points ended 343 nats "
-            "lower (−6781 vs −6438.5 summed bound) and the meta-GP's in-range RMSE was 0.40 "
-            "instead of 0.12.",
+            "the sum of the K collapsed bounds; k-means inducing inputs kept fixed. "
+            "accuracy.ablation_learned_inducing repeats the first 10⁴ seed with Z_k learned (the "
+            "LocalFitSpec default).",
             "Meta-GP: recycle(collapsed=True), L-BFGS (lr 1, ≤ 15 steps, strong Wolfe); "
             "evaluations count every model call, line-search calls included.",
             "RMSE/MAE are against the true f; NLPD is the mean per-point −log p(y*) with the "

@@ -53,6 +53,7 @@ def test_meta_gp_benchmark_quick(tmp_path):
                     "stack_seconds", "bound_us_per_module", "collapsed_us_per_module"):
             assert row[key] > 0, key
         assert row["fit_evaluations"] >= 1 and row["fit_steps"] >= 1
+        assert len(row["fit_seconds_all"]) >= 1
         assert len(row["bound_grad_seconds_all"]) == settings["objective_repeats"]
     slopes = payload["scaling_slopes"]
     assert len(slopes) == 3 * len(settings["ms"])
@@ -67,6 +68,12 @@ def test_meta_gp_benchmark_quick(tmp_path):
                  "gPoE_var", "rBCM_var_u", "BAR_var", "BAR_var_w2"):
         assert set(methods[name]) == set(REGIONS), name
         assert set(methods[name]["in_range"]["nlpd"]) == {"mean", "sd"}
+
+    ablation = payload["accuracy"]["ablation_learned_inducing"]
+    assert set(ablation) == {"fixed Z_k", "learned Z_k"}
+    for record in ablation.values():
+        assert set(record) == {"summed_local_bound", "summed_local_elbo", "meta_rmse_in_range",
+                               "meta_nlpd_in_range"}
 
     targets = payload["targets"]
     assert set(targets) == {

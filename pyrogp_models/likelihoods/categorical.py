@@ -20,6 +20,9 @@ from pyrogp_models.likelihoods import quadrature
 from pyrogp_models.likelihoods.base import Likelihood
 
 LINKS = ("softmax", "robustmax")
+#: Gauss–Hermite nodes for P(f_c is the max): the integrand has steps as sharp as the narrowest
+#: class, so 20 nodes leave Σ_c P_c off 1 by up to 5% when class variances differ 100-fold.
+ROBUSTMAX_NODES = 60
 
 
 class Categorical(Likelihood):
@@ -76,7 +79,7 @@ class Categorical(Likelihood):
     # robust-max -------------------------------------------------------------------------------
     def _prob_is_max(self, mean, var):
         """P(f_c = max_j f_j) for every class c; shape [..., N, C]."""
-        nodes, log_weights = quadrature.nodes_and_log_weights(mean)
+        nodes, log_weights = quadrature.nodes_and_log_weights(mean, ROBUSTMAX_NODES)
         std = var.sqrt()
         # x_{s,c} = m_c + s_c·node_s: [..., N, C, S]
         x = mean.unsqueeze(-1) + std.unsqueeze(-1) * nodes
@@ -85,9 +88,7 @@ class Categorical(Likelihood):
         log_cdf = torch.special.log_ndtr(z)
         eye = torch.eye(self.num_classes, dtype=torch.bool, device=mean.device).unsqueeze(-1)
         log_cdf = log_cdf.masked_fill(eye, 0.0)
-        prob = torch.logsumexp(log_cdf.sum(-2) + log_weights, dim=-1).exp()
-        # Quadrature error can leave Σ_c P_c ≠ 1 when class variances differ widely.
-        return prob / prob.sum(-1, keepdim=True)
+        return torch.logsumexp(log_cdf.sum(-2) + log_weights, dim=-1).exp().clamp(0.0, 1.0)
 
     def _robustmax_probs(self, prob_max):
         off = self.epsilon / (self.num_classes - 1)
