@@ -20,8 +20,10 @@ COMMANDS = [
     "inference.commands.fit_local",
     "inference.commands.recycle",
     "inference.commands.fit_distkernel",
+    "inference.commands.fit_experts",
     "inference.commands.info",
     "inference.commands.predict",
+    "inference.commands.combine",
     "inference.commands.evaluate",
 ]
 
