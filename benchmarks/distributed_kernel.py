@@ -1,4 +1,4 @@
-"""Benchmark of the distributed-kernel sparse GP (issue 5): cost versus J, and NLPD at equal time.
+"""Benchmark of the distributed-kernel sparse GP: cost versus J, and NLPD at equal time.
 
 1. Cost. n = 10⁵ points in 1-D, m inducing inputs per region, J = 1 … 256 regions: the wall time
    of one objective + gradient (halo rebuilt, ELBO, backward) is the median of ``--repeats``

@@ -1,4 +1,5 @@
-"""Experiments of the distributed-kernel sparse GP (issue 5, item 6): tables and PNG plots.
+"""Experiments of the distributed-kernel sparse GP (Titsias, "Distributed kernel representations
+for variational sparse Gaussian processes", talk slides): tables and PNG plots.
 
 1. The slides' 1-D demo: n = 200, m = 15, inducing inputs before and after optimising the bound
    (Titsias 2009 with J = 1, and the distributed kernel with J = 3 × m = 5). The slides' data set is
@@ -7,7 +8,7 @@
    matrix, the six local kernel matrices, one sample path of each local GP and their sum.
 3. Long 1-D series at equal wall time: 10⁵ points of a chirp (detail growing along x) and the NASA
    sunspot series, J regions × m inducing inputs against one SVGP with M = J·m.
-4. Boundary variance inflation of the mean-field q (spec §3.2): predictive variance of mean-field
+4. Boundary variance inflation of the mean-field q: predictive variance of mean-field
    and joint optima against the exact GP, and the mean-field gap as boundaries are added.
 
 Writes ``benchmarks/results/distributed_kernel_experiments.md`` (+ ``.json``) and

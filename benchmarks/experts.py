@@ -49,7 +49,8 @@ from _common import (  # noqa: E402
     write_json,
 )
 
-from pyrogp_models.experts import ExpertCombination, ModuleExperts, fit_exact_experts  # noqa: E402
+from inference.experts_fit import fit_exact_experts  # noqa: E402
+from pyrogp_models.experts import ExpertCombination, ModuleExperts  # noqa: E402
 from pyrogp_models.partition import partition_random  # noqa: E402
 
 SETTINGS = {

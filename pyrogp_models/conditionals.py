@@ -6,6 +6,14 @@ q(v) = N(m_w, L_w L_wᵀ), A = L⁻¹ K_zx,
     mean = Aᵀ m_w,    cov = K_xx − AᵀA + (L_wᵀA)ᵀ(L_wᵀA).
 
 Unwhitened q(u) = N(m, S) maps to the whitened one by m_w = L⁻¹m, L_w = L⁻¹ chol(S).
+
+Inverse form: the same marginals without projecting every input through L⁻¹,
+
+    mean = K_xz α,   cov = K_xx + K_xz B K_zx,   α = L⁻ᵀm_w,   B = L⁻ᵀ(L_wL_wᵀ − I)L⁻¹,
+
+(B = K_zz⁻¹SK_zz⁻¹ − K_zz⁻¹), where α and B cost O(M³) once and each input only matrix products.
+It cancels K_xzK_zz⁻¹K_zx against k_xx, losing about cond(K_zz)·ε relative to k_xx, so it suits
+float64 with a K_zz jitter of at least 10⁻⁶ of its diagonal (cond ≲ M·10⁶).
 All functions batch over leading dimensions.
 """
 
@@ -14,6 +22,9 @@ from __future__ import annotations
 import torch
 
 from pyrogp_models.linalg import triangular_solve
+
+#: Smallest relative K_zz jitter for which float64 models use the inverse form.
+INVERSE_FORM_MIN_JITTER = 1e-6
 
 
 def whiten(prior_chol: torch.Tensor, mean: torch.Tensor, chol: torch.Tensor
@@ -49,3 +60,25 @@ def whitened_conditional_full(A: torch.Tensor, prior_cov: torch.Tensor, mean_w: 
     mean = (A.mT @ mean_w.unsqueeze(-1)).squeeze(-1)
     spread = chol_w.mT @ A
     return mean, prior_cov - A.mT @ A + spread.mT @ spread
+
+
+def inverse_form_ready(dtype: torch.dtype, relative_jitter: float) -> bool:
+    """Whether the inverse form is accurate enough: float64 and jitter ≥ 10⁻⁶."""
+    return dtype == torch.float64 and relative_jitter >= INVERSE_FORM_MIN_JITTER
+
+
+def inverse_form(prior_chol: torch.Tensor, mean_w: torch.Tensor, chol_w: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """α = L⁻ᵀm_w [..., M] and B = L⁻ᵀ(L_wL_wᵀ − I)L⁻¹ [..., M, M]."""
+    alpha = triangular_solve(prior_chol, mean_w.unsqueeze(-1), transpose=True).squeeze(-1)
+    spread = triangular_solve(prior_chol, chol_w, transpose=True)
+    return alpha, spread @ spread.mT - torch.cholesky_inverse(prior_chol)
+
+
+def inverse_form_conditional(cross: torch.Tensor, prior_diag: torch.Tensor, alpha: torch.Tensor,
+                             B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Marginal mean and variance of q(f), each [..., N], from K_xz [..., N, M], diag K_xx and
+    (α, B) of :func:`inverse_form`."""
+    mean = (cross @ alpha.unsqueeze(-1)).squeeze(-1)
+    var = prior_diag + ((cross @ B) * cross).sum(-1)
+    return mean, var.clamp_min(0.0)

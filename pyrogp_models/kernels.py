@@ -18,6 +18,8 @@ import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 
+from pyrogp_models.fused import rbf_weighted_cross_covariance
+
 #: Smallest squared distance fed to a square root, keeping Matérn gradients finite at r = 0.
 _MIN_SQUARED_DISTANCE = 1e-36
 
@@ -114,6 +116,15 @@ class Stationary(PyroModule):
     def diag(self, X: torch.Tensor) -> torch.Tensor:
         """diag k(X, X) of shape [*batch, N]."""
         return stationary_diagonal(X, self.variance)
+
+    def weighted_cross(self, X: torch.Tensor, Z: torch.Tensor,
+                       weights: torch.Tensor | None = None) -> torch.Tensor:
+        """√w_n k(x_n, z_m) of shape [*batch, N, M] (w = 1 when ``weights`` is None); fused into
+        one product and one exponential for the RBF (:mod:`pyrogp_models.fused`)."""
+        if self.family == "rbf":
+            return rbf_weighted_cross_covariance(X, Z, self.lengthscale, self.variance, weights)
+        cross = self(X, Z)
+        return cross if weights is None else cross * weights.sqrt().unsqueeze(-1)
 
 
 def RBF(input_dim: int, **kwargs) -> Stationary:

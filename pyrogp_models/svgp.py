@@ -89,56 +89,79 @@ class BatchedSVGP(PyroModule):
         return cholesky(self.kernel(Z), self.jitter, what="inducing covariance K_zz",
                         check=check)
 
-    def latent(self, X: torch.Tensor, prior_chol: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def inverse_form(self, requested: bool | None = None) -> bool:
+        """Whether to evaluate q(f) in the inverse form (:mod:`pyrogp_models.conditionals`):
+        ``requested`` if given, else whenever it is accurate (float64, jitter ≥ 10⁻⁶)."""
+        if requested is not None:
+            return requested
+        return conditionals.inverse_form_ready(self.q_mean.dtype, self.jitter)
+
+    def latent(self, X: torch.Tensor, prior_chol: torch.Tensor | None = None,
+               inverse_form: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Marginals of q(f) at X [K, N, D], in the likelihood's layout ([K, N] or [K, N, L])."""
         prior_chol = self.prior_cholesky() if prior_chol is None else prior_chol
-        X_ = X.unsqueeze(-3)
-        A = conditionals.projection(prior_chol, self.kernel(self.inducing.unsqueeze(-3), X_))
-        mean, var = conditionals.whitened_conditional(A, self.kernel.diag(X_), self.q_mean,
-                                                      self.q_sqrt)
+        X_, Z_ = X.unsqueeze(-3), self.inducing.unsqueeze(-3)
+        if self.inverse_form(inverse_form):
+            alpha, B = conditionals.inverse_form(prior_chol, self.q_mean, self.q_sqrt)
+            mean, var = conditionals.inverse_form_conditional(
+                self.kernel.weighted_cross(X_, Z_), self.kernel.diag(X_), alpha, B)
+        else:
+            A = conditionals.projection(prior_chol, self.kernel(Z_, X_))
+            mean, var = conditionals.whitened_conditional(A, self.kernel.diag(X_), self.q_mean,
+                                                          self.q_sqrt)
         return latent_layout(mean), latent_layout(var)
 
     def kl(self) -> torch.Tensor:
         """KL[q(v_k) ‖ N(0, I)] summed over latent functions; [K]."""
         return kl_to_standard_normal(self.q_mean, self.q_sqrt).sum(-1)
 
-    def expected_log_lik(self, X, y, weights) -> torch.Tensor:
+    def expected_log_lik(self, X, y, weights, inverse_form: bool | None = None) -> torch.Tensor:
         """Σ_i w_ki E_q[log p(y_ki | f_ki)] per partition; [K]. Weights mask padding or
         rescale a minibatch."""
         if isinstance(self.likelihood, Gaussian):
-            return self._gaussian_expected_log_lik(X, y, weights)
-        mean, var = self.latent(X)
+            return self._gaussian_expected_log_lik(X, y, weights, self.inverse_form(inverse_form))
+        mean, var = self.latent(X, inverse_form=inverse_form)
         return (self.likelihood.expected_log_prob(y, mean, var) * weights).sum(-1)
 
-    def _gaussian_expected_log_lik(self, X, y, weights) -> torch.Tensor:
+    def _gaussian_expected_log_lik(self, X, y, weights, inverse_form: bool) -> torch.Tensor:
         """The Gaussian data term from M×M statistics of the data, in closed form.
 
-        With A = L⁻¹K_zx, Φ = AWAᵀ and ψ = AWy (W = diag(w)):
-        Σ w(y − m)² = Σ wy² − 2m_wᵀψ + m_wᵀΦm_w and Σ wv = Σ wk_ii − tr Φ + tr(L_wᵀΦL_w), so
-        E = −½Σw·log 2πσ² − (Σ w(y − m)² + Σ wv)/(2σ²). Equal to the pointwise sum, with fewer
-        operations of size N×M.
+        E = −½Σw·log 2πσ² − (Σ w(y − m)² + Σ wv)/(2σ²) with W = diag(w) and either
+        Φ = AWAᵀ, ψ = AWy (A = L⁻¹K_zx):
+            Σ w(y − m)² = Σ wy² − 2m_wᵀψ + m_wᵀΦm_w,   Σ wv = Σ wk_ii − tr Φ + tr(L_wᵀΦL_w);
+        or, in the inverse form, Ψ₂ = K_zxWK_xz, Ψ₁ = K_zxWy:
+            Σ w(y − m)² = Σ wy² − 2αᵀΨ₁ + αᵀΨ₂α,   Σ wv = Σ wk_ii + tr(BΨ₂).
+        Both equal the pointwise sum with fewer operations of size N×M; the inverse form needs
+        no triangular solve against N right-hand sides.
         """
-        X_ = X.unsqueeze(-3)
-        A = conditionals.projection(self.prior_cholesky(),
-                                    self.kernel(self.inducing.unsqueeze(-3), X_))  # [K, 1, M, N]
-        weighted = A * weights.unsqueeze(-2).unsqueeze(-2)
-        Phi = weighted @ A.mT
-        psi = (weighted @ y.unsqueeze(-2).unsqueeze(-1)).squeeze(-1)
-        mean_w, chol_w = self.q_mean, self.q_sqrt
-        residual = ((weights * y.square()).sum(-1).unsqueeze(-1) - 2.0 * (psi * mean_w).sum(-1)
-                    + (mean_w * (Phi @ mean_w.unsqueeze(-1)).squeeze(-1)).sum(-1))
-        spread = ((self.kernel.diag(X_) * weights.unsqueeze(-2)).sum(-1)
-                  - Phi.diagonal(dim1=-2, dim2=-1).sum(-1)
-                  + ((Phi @ chol_w) * chol_w).sum((-2, -1)))
+        X_, Z_ = X.unsqueeze(-3), self.inducing.unsqueeze(-3)
+        root_weights = weights.sqrt().unsqueeze(-2)  # [K, 1, N]
+        weighted_y = (root_weights * y.unsqueeze(-2)).unsqueeze(-1)  # [K, 1, N, 1]
+        if inverse_form:
+            G = self.kernel.weighted_cross(X_, Z_, weights.unsqueeze(-2))  # √W K_xz, [K, 1, N, M]
+            gram, projected_y = G.mT @ G, (G.mT @ weighted_y).squeeze(-1)
+            alpha, B = conditionals.inverse_form(self.prior_cholesky(), self.q_mean, self.q_sqrt)
+            fit = (-2.0 * (projected_y * alpha).sum(-1)
+                   + (alpha * (gram @ alpha.unsqueeze(-1)).squeeze(-1)).sum(-1))
+            spread = (gram * B).sum((-2, -1))
+        else:
+            A = conditionals.projection(self.prior_cholesky(), self.kernel(Z_, X_))
+            weighted_A = A * root_weights.unsqueeze(-2)  # A√W, [K, 1, M, N]
+            gram, projected_y = weighted_A @ weighted_A.mT, (weighted_A @ weighted_y).squeeze(-1)
+            mean_w, chol_w = self.q_mean, self.q_sqrt
+            fit = (-2.0 * (projected_y * mean_w).sum(-1)
+                   + (mean_w * (gram @ mean_w.unsqueeze(-1)).squeeze(-1)).sum(-1))
+            spread = (-gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+                      + ((gram @ chol_w) * chol_w).sum((-2, -1)))
+        residual = (weights * y.square()).sum(-1).unsqueeze(-1) + fit
+        spread = spread + (self.kernel.diag(X_) * weights.unsqueeze(-2)).sum(-1)
         noise = self.likelihood.variance
-        count = weights.sum(-1)
-        return (-0.5 * count * torch.log(2 * math.pi * noise)
+        return (-0.5 * weights.sum(-1) * torch.log(2 * math.pi * noise)
                 - 0.5 * (residual + spread).squeeze(-1) / noise)
 
     def elbo(self, X, y, mask) -> torch.Tensor:
-        """The exact ELBO of every partition on full data; [K]."""
-        return self.expected_log_lik(X, y, mask.to(X.dtype)) - self.kl()
+        """The exact ELBO of every partition on full data, in the projected form; [K]."""
+        return self.expected_log_lik(X, y, mask.to(X.dtype), inverse_form=False) - self.kl()
 
     # Pyro model / guide -----------------------------------------------------------------------
     def model(self, X, y, mask, batch_size: int | None = None):

@@ -73,7 +73,7 @@ def random_tree(generator, depth=3):
 
 # Σ_j k_j = k and PSD ------------------------------------------------------------------------------
 def test_slide_split_sums_to_se_kernel_and_is_psd():
-    """T1/T3 on the slides' example: 401 points in [−20, 20], cuts −10, −5, 0, 5, 10."""
+    """The slides' example: 401 points in [−20, 20], cuts −10, −5, 0, 5, 10."""
     kernel = RBF(1, lengthscale=1.0, variance=1.0)
     x = torch.linspace(-20, 20, 401).unsqueeze(-1)
     K_j = LocalKernels(kernel, slide_regions())(x).detach()
@@ -128,7 +128,7 @@ def test_other_kernel_families_refuse_to_split():
 
 # closed forms -------------------------------------------------------------------------------------
 def test_slide_erfc_form_equals_normal_cdf_form():
-    """T2: ½[erfc(s_j) − erfc(s_{j+1})] = Φ((a_{j+1} − x̄)/(ℓ/2)) − Φ((a_j − x̄)/(ℓ/2))."""
+    """½[erfc(s_j) − erfc(s_{j+1})] = Φ((a_{j+1} − x̄)/(ℓ/2)) − Φ((a_j − x̄)/(ℓ/2))."""
     regions = slide_regions()
     lower, upper = regions.bounds()
     ell = torch.tensor([1.0])
@@ -139,7 +139,7 @@ def test_slide_erfc_form_equals_normal_cdf_form():
 
 
 def test_local_kernel_is_the_feature_integral():
-    """T4: k_j(x, x') = ∫_a^b φ(x, z) φ(x', z) dz, φ = σ_f (πℓ²/2)^(−1/4) exp(−(x − z)²/ℓ²)."""
+    """k_j(x, x') = ∫_a^b φ(x, z) φ(x', z) dz, φ = σ_f (πℓ²/2)^(−1/4) exp(−(x − z)²/ℓ²)."""
     generator = np.random.default_rng(3)
     for _ in range(6):
         x, x2 = generator.uniform(-3, 3, size=2)
@@ -161,7 +161,7 @@ def test_local_kernel_is_the_feature_integral():
 
 
 def test_locality_of_the_marginal_variance():
-    """T5: σ²/2 at a finite cut, σ²Φ(−2) one ℓ outside, ≥ (1 − 1e−6)σ² mid-way in a 5ℓ region."""
+    """σ²/2 at a finite cut, σ²Φ(−2) one ℓ outside, ≥ (1 − 1e−6)σ² mid-way in a 5ℓ region."""
     ell, sf2 = 1.3, 2.0
     regions = Regions.from_cuts([0.0, 5 * ell])
     kernel = RBF(1, lengthscale=ell, variance=sf2)

@@ -59,7 +59,7 @@ def exact_prediction(X, y, Xs, ell=1.0, variance=1.0, noise=NOISE):
 
 
 def gp_data(n=300, low=-10.0, high=10.0, seed=0, noise=NOISE):
-    """y drawn from the SE GP (σ_f² = ℓ = 1) plus noise, as in spec §3.2."""
+    """y drawn from the SE GP (σ_f² = ℓ = 1) plus noise."""
     rng = np.random.default_rng(seed)
     x = np.sort(rng.uniform(low, high, n))
     K = se_numpy(x[:, None], x[:, None]) + 1e-9 * np.eye(n)
@@ -133,7 +133,7 @@ def test_one_region_collapsed_bound_is_titsias():
 # bounds below log p(y) ----------------------------------------------------------------------------
 @pytest.mark.parametrize("m", [8, 15])
 def test_bounds_never_exceed_the_exact_marginal_likelihood(m):
-    """T7: F_MF ≤ F_joint ≤ log p(y), and any q's ELBO ≤ its collapsed optimum."""
+    """F_MF ≤ F_joint ≤ log p(y), and any q's ELBO ≤ its collapsed optimum."""
     X, y = gp_data()
     exact = exact_log_marginal(X, y)
     meanfield = grid_model(*FOUR, m)
@@ -164,7 +164,7 @@ def test_trained_bound_stays_below_the_exact_marginal_likelihood():
 
 # optima -------------------------------------------------------------------------------------------
 def test_joint_collapsed_bound_equals_uncollapsed_at_its_optimum():
-    """T8: the ELBO at (m*, S*) equals F_joint (well-conditioned K_jj: m = 8 per 5ℓ region)."""
+    """The ELBO at (m*, S*) equals F_joint (well-conditioned K_jj: m = 8 per 5ℓ region)."""
     X, y = gp_data()
     joint = grid_model(*FOUR, 8, variational="joint")
     every_pair = full_halo(len(y), 4)
@@ -174,8 +174,8 @@ def test_joint_collapsed_bound_equals_uncollapsed_at_its_optimum():
 
 
 def test_meanfield_closed_form_equals_coordinate_ascent():
-    """§1.6(b, c): backfitting (block Gauss–Seidel) reaches the closed-form mean-field optimum,
-    never decreasing the ELBO (T12), and its ELBO is F_joint − ½(Σ log|B_jj| − log|B|) (T8)."""
+    """Backfitting (block Gauss–Seidel) reaches the closed-form mean-field optimum, never
+    decreasing the ELBO, and its ELBO is F_joint − ½(Σ log|B_jj| − log|B|)."""
     X, y = gp_data(seed=5, noise=0.1)
     model = grid_model(*FOUR, 8, variance=0.1)
     every_pair = full_halo(len(y), 4)
@@ -201,7 +201,7 @@ def test_conjugate_gradient_solver_reaches_the_same_optimum():
 
 
 def test_meanfield_and_joint_optimal_means_agree_but_not_their_bounds():
-    """T9 and §1.6(b): the mean-field optimum found by coordinate ascent on the mean-field ELBO
+    """The mean-field optimum found by coordinate ascent on the mean-field ELBO
     predicts the same means as the joint optimum (dense solve); the mean-field gap is > 0."""
     X, y = gp_data(seed=7, noise=0.1)
     meanfield = grid_model(*FOUR, 10, variance=0.1)
@@ -215,7 +215,7 @@ def test_meanfield_and_joint_optimal_means_agree_but_not_their_bounds():
 
 
 def test_joint_with_dense_inducing_inputs_predicts_like_the_exact_gp():
-    """T14: joint q, 20 inducing inputs per 5ℓ region, optimal q, exact hyperparameters."""
+    """Joint q, 20 inducing inputs per 5ℓ region, optimal q, exact hyperparameters."""
     X, y = gp_data(seed=8)
     joint = grid_model(*FOUR, 20, variational="joint")
     joint.set_whitened_posterior(*collapsed.optimal_joint_posterior(joint, X, y))
@@ -227,7 +227,7 @@ def test_joint_with_dense_inducing_inputs_predicts_like_the_exact_gp():
 
 
 def test_inducing_inputs_at_the_data_close_the_joint_gap_but_not_the_meanfield_one():
-    """T10: Z_j = X for all j: F_joint → log p(y); mean-field stays more than a nat below."""
+    """Z_j = X for all j: F_joint → log p(y); mean-field stays more than a nat below."""
     X, y = gp_data(80, -6, 6, seed=9)
     regions = Regions.from_cuts([-2.0, 2.0])
     Z = X.unsqueeze(0).expand(3, -1, -1)
@@ -242,7 +242,7 @@ def test_inducing_inputs_at_the_data_close_the_joint_gap_but_not_the_meanfield_o
 
 # invariances --------------------------------------------------------------------------------------
 def test_moving_the_cuts_leaves_the_exact_marginal_likelihood_unchanged():
-    """T13: log p(y) computed from Σ_j k_j does not depend on the (variational) cuts."""
+    """log p(y) computed from Σ_j k_j does not depend on the (variational) cuts."""
     X, y = gp_data(150, -8, 8, seed=10)
     exact = exact_log_marginal(X, y)
     kernel = RBF(1, lengthscale=1.0, variance=1.0)
@@ -258,7 +258,7 @@ def test_moving_the_cuts_leaves_the_exact_marginal_likelihood_unchanged():
 
 
 def test_the_halo_changes_the_objective_and_predictions_negligibly():
-    """T16: truncating pairs with window ≤ ε = 1e−12 moves ELBO and predictions by ≤ 1e−5."""
+    """Truncating pairs with window ≤ ε = 1e−12 moves ELBO and predictions by ≤ 1e−5."""
     X, y = gp_data(seed=11)
     model = grid_model(*FOUR, 10)
     model.set_whitened_posterior(*collapsed.optimal_meanfield_posterior(model, X, y))
@@ -285,7 +285,7 @@ def test_each_point_touches_a_bounded_number_of_regions():
 
 # the Pyro model -----------------------------------------------------------------------------------
 def test_pyro_loss_is_the_closed_form_meanfield_elbo():
-    """T15: −TraceMeanField_ELBO.loss (full batch) = L_MF; a 'subsample' of all points too."""
+    """−TraceMeanField_ELBO.loss (full batch) = L_MF; a 'subsample' of all points too."""
     X, y = gp_data(seed=12)
     for variational in ("meanfield", "joint"):
         model = grid_model(*FOUR, 8, variational=variational)

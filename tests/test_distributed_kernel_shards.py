@@ -1,5 +1,5 @@
 """The sharded objective: Σ_j E_j over region shards equals the in-process ELBO and gradients,
-evaluated in process and on a real Dask LocalCluster (spec §2, T17)."""
+evaluated in process and on a real Dask LocalCluster."""
 
 import math
 

@@ -10,9 +10,10 @@ import pyro
 import pytest
 import torch
 
+from inference.experts_fit import fit_exact_experts
 from inference.trainer import TrainConfig, train
 from pyrogp_models.data import Standardisation
-from pyrogp_models.experts import ExactExperts, fit_exact_experts, grbcm_rows
+from pyrogp_models.experts import ExactExperts, grbcm_rows
 from pyrogp_models.module_io import module_from_bytes, module_to_bytes
 from pyrogp_models.partition import partition_kmeans, partition_random
 

@@ -51,15 +51,19 @@ def uneven_partition(data):
 
 
 def assert_same_modules(expected, actual):
+    """Equal up to floating-point rounding: a worker batches fewer partitions together, so the
+    batched products round differently (~1e-16 after one step), and Adam amplifies rounding in
+    near-zero gradients (its step is g/√v) to ~1e-6 after 25 steps. A mix-up of partitions,
+    data or initial values would differ at O(1)."""
     assert list(actual) == list(expected)
     for name, module in expected.items():
         other = actual[name]
         for field in TENSORS:
             torch.testing.assert_close(getattr(other, field), getattr(module, field),
-                                       rtol=0, atol=1e-8)
+                                       rtol=1e-5, atol=1e-5)
         for key, value in module.likelihood_params.items():
-            torch.testing.assert_close(other.likelihood_params[key], value, rtol=0, atol=1e-8)
-        assert other.elbo == pytest.approx(module.elbo, rel=1e-10)
+            torch.testing.assert_close(other.likelihood_params[key], value, rtol=1e-5, atol=1e-5)
+        assert other.elbo == pytest.approx(module.elbo, rel=1e-6)
         assert other.num_data == module.num_data
         assert other.info == module.info
         np.testing.assert_array_equal(other.standardisation.x_mean,
@@ -102,7 +106,7 @@ def test_two_workers_reproduce_the_in_process_fit(client, data, uneven_partition
     assert_same_modules(expected.modules, fit.modules)
     assert [m.info["partition"] for m in fit.modules.values()] == [0, 1, 2, 3, 4]
     assert fit.result.steps == CONFIG.steps
-    assert fit.result.final_loss == pytest.approx(expected.result.final_loss, rel=1e-10)
+    assert fit.result.final_loss == pytest.approx(expected.result.final_loss, rel=1e-6)
     assert set(client.run(torch.get_num_threads).values()) == {1}
 
 

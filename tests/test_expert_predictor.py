@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from inference.experts_fit import fit_exact_experts
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.trainer import TrainConfig
 from pyrogp_models.data import Standardisation
@@ -15,7 +16,6 @@ from pyrogp_models.experts import (
     ModuleExperts,
     combine,
     combine_in_y_space,
-    fit_exact_experts,
     grbcm_rows,
 )
 from pyrogp_models.partition import partition_kmeans, partition_random
@@ -24,7 +24,7 @@ from pyrogp_models.routed import Predictor
 TOL = dict(rtol=1e-9, atol=1e-12)
 QUICK = TrainConfig(steps=10, tol=None)
 
-#: (rule, weights, temperature) that return a single expert unchanged (spec §5.A.1).
+#: (rule, weights, temperature) that return a single expert unchanged (not rBCM_entr, Prop. 3).
 ONE_EXPERT_RULES = [
     ("poe", None, None),
     ("gpoe", None, None),

@@ -13,18 +13,11 @@ from scipy import integrate, special, stats
 from pyrogp_models.experts import (
     PRESETS,
     bcm,
-    bernoulli_logit,
-    bernoulli_probit,
-    categorical_log_prob,
     combine,
     combine_in_y_space,
     differential_entropy,
-    gaussian_log_density,
-    gaussian_predictive,
     gpoe,
     grbcm,
-    multiclass_robustmax,
-    multiclass_softmax_mc,
     normalise_weights,
     poe,
     rbcm,
@@ -34,6 +27,7 @@ from pyrogp_models.experts import (
     tempered_softmax,
     uniform,
 )
+from pyrogp_models.likelihoods import make_likelihood
 
 D = torch.float64
 RTOL = 1e-12
@@ -44,7 +38,7 @@ def t(x, dtype=D):
 
 
 def experts(J, N=7, prior_var=None, seed=0):
-    """Random experts: m_j in [-2, 2], var_j in [0.01, 0.99] * prior_var (spec §5.A)."""
+    """Random experts: m_j in [-2, 2], var_j in [0.01, 0.99] * prior_var."""
     rng = np.random.default_rng(seed)
     pv = rng.uniform(0.5, 2.0, N) if prior_var is None else np.broadcast_to(prior_var, N)
     m = rng.uniform(-2, 2, (J, N))
@@ -76,7 +70,7 @@ def np_softmax(logits):
     return e / e.sum(0)
 
 
-# ---------------------------------------------------------------- A.1 one expert
+# ---------------------------------------------------------------- one expert (Prop. 3)
 
 
 @pytest.mark.parametrize("mu0", [0.0, 0.7])
@@ -110,7 +104,7 @@ def test_rbcm_entropy_one_expert_is_not_the_expert_prop3():
     assert np.all(np.abs(var.numpy() - v[0]) > 1e-3)
 
 
-# ---------------------------------------------------------------- A.2 identical experts
+# ---------------------------------------------------------------- identical experts (eqs. 3–4)
 
 
 @pytest.mark.parametrize("J", [3, 50])
@@ -128,8 +122,8 @@ def test_identical_experts(J):
     mean, var = bcm(M, V, prior_var=PV)
     prec = J / v1[0] - (J - 1) / pv
     close(1 / var, prec)
-    # The BCM mean is m·Jσ⁻²/(Jσ⁻² − (J−1)σ*⁻²), *not* m (the spec's §5.A.2 says "mean m";
-    # that holds only for m = 0): the effective weights sum to more than one.
+    # Eq. (4) with β ≡ 1 gives the mean m·Jσ⁻²/(Jσ⁻² − (J−1)σ*⁻²), which equals m only for
+    # m = 0: the effective weights sum to more than one.
     close(mean, m1[0] * (J / v1[0]) / prec)
     assert np.all(np.abs(mean.numpy()) > np.abs(m1[0]))
     beta = t(np.random.default_rng(1).dirichlet(np.ones(J), 7).T)
@@ -137,7 +131,7 @@ def test_identical_experts(J):
     close(a[0], b[0]), close(a[1], b[1])
 
 
-# ---------------------------------------------------------------- A.3 geometric mean
+# ---------------------------------------------------------------- gPoE as a geometric mean (eq. 3)
 
 
 def test_gpoe_uniform_is_normalised_geometric_mean():
@@ -152,7 +146,7 @@ def test_gpoe_uniform_is_normalised_geometric_mean():
     close(mean, pm), close(var, J * pvar)
 
 
-# ---------------------------------------------------------------- A.4 Prop. 2
+# ---------------------------------------------------------------- Prop. 2
 
 
 @pytest.mark.parametrize("J", [1, 3, 50])
@@ -186,7 +180,7 @@ def test_rbcm_matches_independent_formula_with_prior_mean():
     close(mean, ref[0], rtol=1e-11), close(var, ref[1], rtol=1e-11)
 
 
-# ---------------------------------------------------------------- A.5 BCM exactness
+# ---------------------------------------------------------------- BCM exactness (eq. 4)
 
 
 def test_bcm_is_exact_for_conditionally_independent_experts():
@@ -202,7 +196,7 @@ def test_bcm_is_exact_for_conditionally_independent_experts():
 
 
 def test_expert_above_prior_variance_is_clamped_to_the_prior():
-    """Spec gotcha 4: σ_j² > σ*² (SVGP, jitter) must not lower the (r)BCM precision."""
+    """σ_j² > σ*² (SVGP experts, jitter) must not lower the (r)BCM precision of eq. (4)."""
     m, v, pv = experts(3)
     m_bad = np.vstack([m, np.full((1, 7), 5.0)])
     v_bad = np.vstack([v, 1.5 * pv[None]])
@@ -217,7 +211,7 @@ def test_expert_above_prior_variance_is_clamped_to_the_prior():
     assert (be[-1] == 0).all() and (be[:-1] > 0).all()
 
 
-# ---------------------------------------------------------------- A.6 prior fallback
+# ---------------------------------------------------------------- prior fallback (§2.2)
 
 
 @pytest.mark.parametrize("shape", ["JN", "JNC"])
@@ -251,7 +245,7 @@ def test_far_from_data_rules_return_prior(shape):
     close(var, ref_v / J)
 
 
-# ---------------------------------------------------------------- A.7 softmax limits
+# ---------------------------------------------------------------- softmax limits (eq. 13, Prop. 1)
 
 
 def test_temperature_zero_is_uniform_and_infinite_is_argmin_prop1():
@@ -321,7 +315,7 @@ def test_temperature_gradient_is_finite_in_float32():
     assert torch.isfinite(T.grad)
 
 
-# ---------------------------------------------------------------- A.8 convex hull
+# ---------------------------------------------------------------- convex hull of the expert means
 
 
 def test_normalised_means_stay_in_convex_hull():
@@ -446,7 +440,7 @@ def test_combine_errors_are_clear():
         rbcm(M, 2 * t(np.tile(pv, (3, 1))), torch.full((3,), 2.0), prior_var=t(pv), clamp=False)
 
 
-# ---------------------------------------------------------------- §5.B golden toy
+# ---------------------------------------------------------------- 1-D study of Fig. 1
 
 
 def liu_f(x):
@@ -455,7 +449,8 @@ def liu_f(x):
 
 
 def _liu_toy():
-    """Spec §5.B: 300 noise-free Liu points, 100 experts of 3 consecutive points, numpy only."""
+    """Fig. 1 setting: 300 noise-free points of Liu et al.'s function, 100 experts of 3
+    consecutive points, fixed hyperparameters; numpy only."""
     x = np.linspace(0, 1, 300)
     y = liu_f(x)
     y = (y - y.mean()) / y.std()
@@ -478,7 +473,8 @@ def _liu_toy():
 
 
 GOLDEN_X = [-0.1, 0.5, 1.05, 1.1, 1.5]
-# Spec §5.B table (atol 5e-4), reproduced independently by the numpy rules below.
+# Latent (mean, var) at GOLDEN_X from an independent float64 numpy computation (atol 5e-4);
+# the numpy rules below reproduce them.
 GOLDEN = {
     "full": [(0.6364, 0.3854), (0.0502, 0.0013), (-1.2176, 0.0928), (-0.5876, 0.3854), (0, 1)],
     "PoE": [(0.0480, 0.0098), (0.0569, 0.0025), (-0.2871, 0.0090), (-0.1003, 0.0098), (0, 0.01)],
@@ -575,7 +571,7 @@ def test_golden_toy_erratic_mean_leaves_the_hull(golden):
         assert ours[name][0][i] < lo - 0.4, name
     for name in ("gPoE_var", "gPoE_var15", "BAR_var", "BAR_var_w2"):
         assert lo <= ours[name][0][i] <= hi, name
-    # largest hull violation over the whole grid (spec §5.B)
+    # largest hull violation over the whole grid
     lo_all, hi_all = m.min(0), m.max(0)
 
     def violation(name):
@@ -608,7 +604,7 @@ def test_golden_toy_erratic_mean_leaves_the_hull(golden):
     assert err("gPoE_var15") < 0.6 * err("rBCM_entr")
 
 
-# ---------------------------------------------------------------- f- vs y-space (§5.C)
+# ---------------------------------------------------------------- f- vs y-space (§6, Figs. 5–6)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -629,32 +625,25 @@ def test_y_space_collapses_entropy_rbcm_but_not_softmax(seed):
     m = t(np.einsum("jin,ji->jn", Ks, A[:, :, 0]))
     v = t(1.0 - np.sum(Ks * A[:, :, 1:], 1))
     pv, Y = torch.ones(500, dtype=D), t(yt)
+    gaussian = make_likelihood("gaussian", dtype=D, variance=sn2)
 
-    def nlpd(mean, var, noise):
-        return -gaussian_log_density(Y, mean, var, noise).mean().item()
+    def nlpd(mean, var):
+        return -gaussian.log_predictive(Y, mean, var).mean().item()
+
+    def nlpd_y(mean, y_var):  # a y-space combination already holds the noise
+        return nlpd(mean, y_var - sn2)
 
     kw_e = {"weights": "entropy", "prior_var": pv}
     kw_v = {"weights": "softmax-var", "temperature": 100.0, "prior_var": pv}
-    f_e = nlpd(*combine("rbcm", m, v, **kw_e), sn2)
-    y_e = nlpd(*combine_in_y_space("rbcm", m, v, noise_var=sn2, **kw_e), 0.0)
-    f_v = nlpd(*combine("gpoe", m, v, **kw_v), sn2)
-    y_v = nlpd(*combine_in_y_space("gpoe", m, v, noise_var=sn2, **kw_v), 0.0)
+    f_e = nlpd(*combine("rbcm", m, v, **kw_e))
+    y_e = nlpd_y(*combine_in_y_space("rbcm", m, v, noise_var=sn2, **kw_e))
+    f_v = nlpd(*combine("gpoe", m, v, **kw_v))
+    y_v = nlpd_y(*combine_in_y_space("gpoe", m, v, noise_var=sn2, **kw_v))
     assert y_e > f_e + 2
     assert abs(y_v - f_v) < 0.02 and f_v < 0.25 and y_v < 0.25
 
 
 # ---------------------------------------------------------------- predictive
-
-
-def test_gaussian_predictive_and_log_density():
-    mean, var = t([0.1, -0.4]), t([0.2, 0.5])
-    mm, vv = gaussian_predictive(mean, var, 0.3)
-    close(mm, mean.numpy()), close(vv, [0.5, 0.8])
-    y = t([1.0, 0.0])
-    close(
-        gaussian_log_density(y, mean, var, 0.3),
-        stats.norm.logpdf([1, 0], [0.1, -0.4], np.sqrt([0.5, 0.8])),
-    )
 
 
 def test_y_space_combine_adds_noise_before_combining():
@@ -664,24 +653,19 @@ def test_y_space_combine_adds_noise_before_combining():
     close(a[0], b[0]), close(a[1], b[1])
 
 
-def test_binary_probabilities():
+@pytest.mark.parametrize("link", ["probit", "logit"])
+def test_binary_probabilities_of_a_combined_latent(link):
+    """Eq. (6): p(y=1) = ∫ φ(f) N(f | m, σ²) df under the combined latent, as applied by the
+    experts' Bernoulli likelihood."""
     m, v = np.array([-1.5, 0.0, 0.7, 2.0]), np.array([0.3, 1.0, 2.5, 0.01])
-    probit = [
-        integrate.quad(
-            lambda f, a=a, b=b: stats.norm.cdf(f) * stats.norm.pdf(f, a, np.sqrt(b)),
-            -np.inf,
-            np.inf,
-        )[0]
+    phi = stats.norm.cdf if link == "probit" else special.expit
+    ref = [
+        integrate.quad(lambda f, a=a, b=b: phi(f) * stats.norm.pdf(f, a, np.sqrt(b)),
+                       -np.inf, np.inf)[0]
         for a, b in zip(m, v, strict=True)
     ]
-    logit = [
-        integrate.quad(
-            lambda f, a=a, b=b: special.expit(f) * stats.norm.pdf(f, a, np.sqrt(b)), -np.inf, np.inf
-        )[0]
-        for a, b in zip(m, v, strict=True)
-    ]
-    close(bernoulli_probit(t(m), t(v)), probit, rtol=1e-9)
-    close(bernoulli_logit(t(m), t(v)), logit, rtol=1e-6)
+    probs, _ = make_likelihood("bernoulli", dtype=D, link=link).predictive_moments(t(m), t(v))
+    close(probs, ref, rtol=1e-9 if link == "probit" else 1e-6)
 
 
 def _robustmax_reference(m, v, eps):
@@ -698,20 +682,23 @@ def _robustmax_reference(m, v, eps):
     return (1 - eps) * p + eps / (C - 1) * (1 - p)
 
 
-def test_multiclass_probabilities():
+def test_multiclass_probabilities_of_a_combined_latent():
+    """Eq. (6) for C classes, per class on the combined diagonal Gaussian: robust-max (ε = 1e-3,
+    as GPflow's RobustMax in the paper) by quadrature and softmax by Monte Carlo."""
     rng = np.random.default_rng(9)
     m = rng.normal(size=(3, 4))
     v = rng.uniform(0.2, 1.5, (3, 4))
-    rm = multiclass_robustmax(t(m), t(v))
+    robustmax = make_likelihood("categorical", dtype=D, num_classes=4, link="robustmax",
+                                epsilon=1e-3)
+    rm, _ = robustmax.predictive_moments(t(m), t(v))
     ref = np.stack([_robustmax_reference(m[n], v[n], 1e-3) for n in range(3)])
-    close(rm, ref, atol=1e-4)  # 20 Gauss-Hermite nodes, as GPflow
-    close(rm.sum(-1), np.ones(3), atol=1e-4)
-    close(multiclass_robustmax(t(m), t(v), n_points=100), ref, atol=1e-10)
-    p1 = multiclass_softmax_mc(t(m), t(v), num_samples=20000, seed=3)
-    p2 = multiclass_softmax_mc(t(m), t(v), num_samples=20000, seed=3)
-    close(p1, p2, rtol=0), close(p1.sum(-1), np.ones(3))
+    close(rm, ref, atol=1e-6)
+    close(rm.sum(-1), np.ones(3), atol=1e-6)
+    softmax = make_likelihood("categorical", dtype=D, num_classes=4, link="softmax",
+                              num_samples=20000)
+    torch.manual_seed(3)
+    p, _ = softmax.predictive_moments(t(m), t(v))
+    close(p.sum(-1), np.ones(3))
     s = m[None] + np.sqrt(v)[None] * np.random.default_rng(0).normal(size=(200000, 3, 4))
     e = np.exp(s - s.max(-1, keepdims=True))
-    close(p1, (e / e.sum(-1, keepdims=True)).mean(0), atol=1e-2)
-    lp = categorical_log_prob(t([[1.0, 0.0], [0.3, 0.7]]), torch.tensor([1, 1]))
-    close(lp, [np.log(1e-12 / (1 + 1e-12 - 1e-12)), np.log(0.7)], rtol=1e-9)
+    close(p, (e / e.sum(-1, keepdims=True)).mean(0), atol=1e-2)

@@ -73,3 +73,22 @@ def test_parameters_are_constrained_positive():
 def test_unknown_family_is_rejected():
     with pytest.raises(ValueError, match="unknown kernel family"):
         Stationary("cosine", 1)
+
+
+@pytest.mark.parametrize("family", ["rbf", "matern52"])
+def test_weighted_cross_covariance_is_root_weight_times_kernel(family):
+    """√w k(X, Z) from the fused RBF product (or the plain kernel) equals the direct formula,
+    with exact zeros at padding, and its gradients pass a finite-difference check."""
+    torch.manual_seed(2)
+    kernel = Stationary(family, 2, (3, 2), ard=True, lengthscale=torch.rand(3, 2, 2) + 0.3,
+                        variance=torch.rand(3, 2) + 0.5)
+    X, Z = torch.randn(3, 1, 7, 2) * 3 + 10.0, torch.randn(3, 1, 4, 2) + 10.0
+    weights = torch.rand(3, 1, 7)
+    weights[0, 0, 3] = 0.0
+    weighted = kernel.weighted_cross(X, Z, weights)
+    assert torch.allclose(weighted, kernel(X, Z) * weights.sqrt().unsqueeze(-1), rtol=1e-13,
+                          atol=1e-15)
+    assert bool((weighted[0, :, 3] == 0).all())
+    assert torch.allclose(kernel.weighted_cross(X, Z), kernel(X, Z), rtol=1e-13, atol=1e-15)
+    assert torch.autograd.gradcheck(lambda a, b: kernel.weighted_cross(a, b, weights),
+                                    (X.clone().requires_grad_(), Z.clone().requires_grad_()))

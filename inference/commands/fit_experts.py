@@ -10,10 +10,10 @@ from pathlib import Path
 
 from inference.commands.common import check_output_folder, describe_rule, write_module_folder
 from inference.commands.fit_local import _feature_names
+from inference.experts_fit import DEFAULT_TRAIN_CONFIG, fit_exact_experts
 from inference.tables import format_table
 from pyrogp_models.data import load_table, split_features_target
 from pyrogp_models.errors import DataError
-from pyrogp_models.experts.exact import DEFAULT_TRAIN_CONFIG, fit_exact_experts
 from pyrogp_models.kernels import PROFILES
 from pyrogp_models.partition import partition_kmeans, partition_random
 

@@ -1,6 +1,8 @@
 """Distributed-kernel sparse GP: the SE kernel as a sum of local kernels k_j = k·w_j, each with
-its own inducing variables (Titsias, "Distributed kernel representations for variational sparse
-GPs"; spec in shared/research/seed-distributed-kernel.md).
+its own inducing variables (M. K. Titsias, "Distributed kernel representations for variational
+sparse Gaussian processes", talk slides; "the slides" below). The slides give the split of the SE
+kernel, one inducing set per region and the mean-field bound; the collapsed bounds, the stable
+windows, the halo and the sharded evaluation are derived here.
 
 - :mod:`.windows` — window functions w_j (stable normal-CDF differences, log space, analytic grad)
 - :mod:`.regions` — 1-D cuts and axis-aligned box/tree partitions with ordered learnable cuts

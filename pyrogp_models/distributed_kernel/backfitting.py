@@ -1,4 +1,4 @@
-"""Mean-field optimum by backfitting: the fast O(n m²) inner solver (spec §1.6c).
+"""Mean-field optimum by backfitting: the fast O(n m²) inner solver.
 
 For a Gaussian likelihood and fixed (θ, Z, cuts), the optimal mean-field q(v_j) given the other
 regions is Titsias' optimum for the residual r⁽ʲ⁾ = y − Σ_{l≠j} μ_·l with kernel k_j. Whitened, with
@@ -114,9 +114,10 @@ def solve_meanfield(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor
     """Overwrite the mean-field q(v) with its optimum by block-Jacobi-preconditioned CG.
 
     The optimal means solve the same ridge system as backfitting, H m = Ãy/σ² with
-    H = I + ÃÃᵀ/σ² (spec §1.6b: they equal the joint optimum); backfitting is block Gauss–Seidel
-    on it and crawls when neighbouring regions explain the same data (small σ², wide halos), so
-    this solver runs conjugate gradients preconditioned by the diagonal blocks B̃_jj instead.
+    H = I + ÃÃᵀ/σ² (they equal the joint optimum, see :mod:`.collapsed`); backfitting is block
+    Gauss–Seidel on it and crawls when neighbouring regions explain the same data (small σ², wide
+    halos), so this solver runs conjugate gradients preconditioned by the diagonal blocks B̃_jj
+    instead.
     A matrix–vector product with H costs O(Σ_j |D_j| m) through the halo; the preconditioner
     O(J m²); all regions at once. Covariances are set to B̃_jj⁻¹ as in :func:`backfit`.
     ``projections`` reuses :meth:`DistributedKernelGP.projections` output (e.g. from a training

@@ -1,12 +1,13 @@
-"""Collapsed bounds of the distributed-kernel GP for a Gaussian likelihood (spec §1.6a, b).
+"""Collapsed bounds of the distributed-kernel GP for a Gaussian likelihood (derived here).
 
 Whitened throughout: with L = blockdiag(L_j) and Ψ = [k_1(X, Z_1), …, k_J(X, Z_J)] (n × Jm),
-Ã = L⁻¹Ψᵀ (Jm × n) and B̃ = I + ÃÃᵀ/σ² (= L⁻¹ B L⁻ᵀ for the spec's B = K + ΨᵀΨ/σ²):
+Ã = L⁻¹Ψᵀ (Jm × n) and B̃ = I + ÃÃᵀ/σ² (= L⁻¹ B L⁻ᵀ for B = K + ΨᵀΨ/σ², K = blockdiag K_jj):
 
-(a) joint q (Titsias 2009 with K_uu = blockdiag, spec §1.6a):
+(a) joint q (Titsias 2009, eq. 9, with K_fu = Ψ and K_uu = K):
     F_joint = −½n log 2πσ² − ½log|B̃| − ½‖y‖²/σ² + ½‖c‖² − ½Σ_i k(x_i, x_i)/σ² + ½‖Ã‖²_F/σ²,
     c = L_B⁻¹Ãy/σ², optimum q(v) = N(B̃⁻¹Ãy/σ², B̃⁻¹);
-(b) mean-field optimum (spec §1.6b): the means equal the joint optimum, S_j = B̃_jj⁻¹, and
+(b) mean-field optimum: the mean part of both bounds is the same ridge problem, so the means
+    equal the joint optimum; S_j = B̃_jj⁻¹, and
     F_MF = F_joint − ½(Σ_j log|B̃_jj| − log|B̃|)   (≥ 0 gap by Fischer's inequality).
 
 These are dense O(n J²m² + J³m³) references for small data (tests, greedy tree splits); the
@@ -56,7 +57,7 @@ def _collapsed_terms(model: DistributedKernelGP, X, y, halo):
 
 def joint_collapsed_bound(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
                           halo: Halo | None = None) -> torch.Tensor:
-    """F_joint (spec §1.6a): the Titsias bound with K_fu = Ψ and block-diagonal K_uu."""
+    """F_joint: the Titsias (2009, eq. 9) bound with K_fu = Ψ and block-diagonal K_uu."""
     noise, A, trace_k, _, B_chol, c = _collapsed_terms(model, X, y, halo)
     n = X.shape[0]
     return (-0.5 * n * torch.log(2 * math.pi * noise) - 0.5 * logdet_from_cholesky(B_chol)
@@ -80,7 +81,7 @@ def meanfield_gap(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
 
 def meanfield_collapsed_bound(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
                               halo: Halo | None = None) -> torch.Tensor:
-    """F_MF = F_joint − ½(Σ_j log|B̃_jj| − log|B̃|) (spec §1.6b)."""
+    """F_MF = F_joint − ½(Σ_j log|B̃_jj| − log|B̃|), the mean-field optimum of the slides' bound."""
     return joint_collapsed_bound(model, X, y, halo) - meanfield_gap(model, X, y, halo)
 
 
@@ -97,7 +98,7 @@ def optimal_joint_posterior(model: DistributedKernelGP, X: torch.Tensor, y: torc
 @torch.no_grad()
 def optimal_meanfield_posterior(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
                                 halo: Halo | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mean-field optimum in closed form (spec §1.6b): the joint optimal means and purely
+    """The mean-field optimum in closed form: the joint optimal means and purely
     local covariances S_j = B̃_jj⁻¹. Returns means [J, m] and Cholesky factors [J, m, m]."""
     _, _, _, B, B_chol, c = _collapsed_terms(model, X, y, halo)
     mean = triangular_solve(B_chol, c.unsqueeze(-1), transpose=True).squeeze(-1)

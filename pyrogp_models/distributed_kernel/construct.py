@@ -1,11 +1,11 @@
-"""Building a distributed-kernel GP for a data set: default regions and per-region Z (spec §1.7).
+"""Building a distributed-kernel GP for a data set: default regions and per-region Z.
 
 - Regions: a 1-D split of the dimension with the largest range/ℓ at data quantiles, every region
   at least ``min_width``·ℓ wide (:func:`~pyrogp_models.distributed_kernel.regions.default_regions`),
   or any :class:`Regions` (e.g. from the greedy tree of
   :mod:`~pyrogp_models.distributed_kernel.tree`).
 - Z_j: a regular grid over the bounding box of the points that region j owns (1-D: m evenly spaced
-  points, so the unbounded end regions keep their Z within the data range, spec gotcha 7), or
+  points, so the unbounded end regions keep their Z within the data range), or
   k-means centres of those points.
 """
 

@@ -1,7 +1,7 @@
 """Halo bookkeeping: which (point, region) pairs the distributed-kernel objective touches.
 
 Point i and region j form a pair when x_i lies in region j's box grown by the halo radius
-h_d = (ℓ_d/2)Φ⁻¹(1 − ε) along every active dimension (spec §2). Every dropped pair has window
+h_d = (ℓ_d/2)Φ⁻¹(1 − ε) along every active dimension. Every dropped pair has window
 w_j(x_i) ≤ ε, hence |k_j(x_i, z)| ≤ σ_f²√ε for all z, and in whitened form its contributions obey
 |μ_ij| ≤ σ_f√ε‖m_j‖ and v_ij ≤ σ_f²ε(1 + ‖L_j‖²_F) (the Nyström term is ≤ k_j(x_i, x_i)).
 
@@ -20,7 +20,7 @@ import torch
 
 from pyrogp_models.distributed_kernel.windows import halo_radius
 
-#: Default halo threshold ε on the window (spec §2: choose ε ≤ 1e−12).
+#: Default halo threshold ε on the window: a dropped pair has |k_j(x_i, z)| ≤ σ_f²√ε = 1e−6 σ_f².
 DEFAULT_EPS = 1e-12
 
 
@@ -121,7 +121,7 @@ def region_graph(lower: torch.Tensor, upper: torch.Tensor, lengthscale: torch.Te
 def greedy_colouring(adjacency: torch.Tensor) -> torch.Tensor:
     """Colours [J] such that adjacent regions differ (greedy, in region order). Regions of one
     colour share no point, so their q(u_j) can be updated together exactly (block Gauss–Seidel by
-    colour, spec §2). Run once per halo, outside any training step."""
+    colour). Run once per halo, outside any training step."""
     num_regions = adjacency.shape[0]
     adjacency = adjacency.cpu()
     colours = [-1] * num_regions

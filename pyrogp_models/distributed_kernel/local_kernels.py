@@ -1,9 +1,10 @@
 """Local kernels k_j(x, x') = k(x, x') · w_j((x + x')/2) of the squared-exponential kernel.
 
-Spec §1.3: each k_j is the feature integral of the SE kernel restricted to region j, hence positive
-semi-definite, and Σ_j k_j = k exactly because the windows of a partition sum to one. All regions
-share σ_f² and ℓ (per-region hyperparameters would break Σ_j k_j = k). Only the SE (``rbf``)
-family has closed-form partial feature integrals; other families raise ``NotImplementedError``.
+As on the slides, each k_j is the feature integral of the SE kernel restricted to region j, hence
+positive semi-definite, and Σ_j k_j = k exactly because the windows of a partition sum to one. All
+regions share σ_f² and ℓ (per-region hyperparameters would break Σ_j k_j = k). Only the SE
+(``rbf``) family has closed-form partial feature integrals; other families raise
+``NotImplementedError``.
 
 Shapes: regions are a leading batch dimension. ``lower``/``upper`` [J, A] are the box faces over
 the A active dimensions (see :class:`~pyrogp_models.distributed_kernel.regions.Regions`).
@@ -19,7 +20,7 @@ from pyrogp_models.kernels import Stationary
 
 
 def check_family(kernel: Stationary) -> None:
-    """Only the squared-exponential kernel splits in closed form (spec §5, gotcha 8)."""
+    """Only the squared-exponential kernel has closed-form partial feature integrals."""
     if kernel.family != "rbf":
         raise NotImplementedError(
             "the distributed kernel needs the squared-exponential ('rbf') kernel; "
@@ -32,7 +33,7 @@ def local_cross_covariance(X: torch.Tensor, Z: torch.Tensor, lower: torch.Tensor
     """k_j(X_j, Z_j) for every region j: X [J, N, D], Z [J, M, D], faces [J, A] → [J, N, M].
 
     Computed as σ² exp(−r²/2 + log w_j(x̄)) with r² from exact differences (no x² + z² − 2xz
-    cancellation) and the window in log space (spec §1.3, stable form).
+    cancellation) and the window in log space (:func:`~.windows.log_box_mass`).
     """
     ell = lengthscale.expand(X.shape[-1])
     diff = (X.unsqueeze(-2) - Z.unsqueeze(-3)) / ell

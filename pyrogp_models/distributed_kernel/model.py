@@ -1,11 +1,12 @@
-"""The distributed-kernel sparse GP as a Pyro model/guide pair (spec §1.4–1.9).
+"""The distributed-kernel sparse GP as a Pyro model/guide pair (the slides' model and bound).
 
 f = Σ_j f_j with independent f_j ~ GP(0, k_j), k_j = k · w_j; region j carries m inducing
 variables u_j = f_j(Z_j) = L_j v_j, L_j = chol(k_j(Z_j, Z_j) + jitter). Whitened q(v):
 
-- ``variational="meanfield"`` (the slides' bound, §1.5): q(v) = Π_j N(m_j, L_j^w L_j^wᵀ), a plate
+- ``variational="meanfield"`` (the slides' bound): q(v) = Π_j N(m_j, L_j^w L_j^wᵀ), a plate
   over regions;
-- ``variational="joint"`` (the reference, §1.6a): one N(m, L^w L^wᵀ) over all J·m variables.
+- ``variational="joint"`` (the reference, an SVGP with block-diagonal K_uu): one N(m, L^w L^wᵀ)
+  over all J·m variables.
 
 Under q the marginal of f(x_i) is N(μ_i, v_i) with, for A_ij = L_j⁻¹ k_j(Z_j, x_i),
 
@@ -73,7 +74,7 @@ def pair_projections(X: torch.Tensor, halo: Halo, Z: torch.Tensor, lower: torch.
 def meanfield_moments(halo: Halo, A: torch.Tensor, prior_diag: torch.Tensor,
                       q_mean: torch.Tensor, q_sqrt: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(μ_i, v_i) of q(f(x_i)) [N] under the mean-field q, summed over the halo pairs (§1.5)."""
+    """(μ_i, v_i) of q(f(x_i)) [N] under the mean-field q, summed over the halo pairs."""
     mean_pairs = (A * q_mean.unsqueeze(-1)).sum(-2)                       # [J, P]
     spread = q_sqrt.mT @ A
     var_pairs = prior_diag - A.square().sum(-2) + spread.square().sum(-2)
@@ -184,7 +185,7 @@ class DistributedKernelGP(PyroModule):
 
     def latent(self, X: torch.Tensor, halo: Halo | None = None, projections=None
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Marginal mean and variance of q(f) at X [N, D], each [N] (spec §1.5, §1.8).
+        """Marginal mean and variance of q(f) = ∫ p(f | u) q(u) du at X [N, D], each [N].
 
         ``projections`` reuses the output of :meth:`projections` (it does not depend on q)."""
         halo, A, prior_diag, _ = self.projections(X, halo) if projections is None else projections
@@ -260,7 +261,7 @@ class DistributedKernelGP(PyroModule):
     @torch.no_grad()
     def predict_latent(self, X: torch.Tensor, chunk_size: int = 65536
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q(f_*) at test points, using only the regions whose window matters there (§1.8)."""
+        """q(f_*) at test points, using only the regions whose window exceeds ε there."""
         means, variances = [], []
         for start in range(0, X.shape[0], chunk_size):
             mean, var = self.latent(X[start:start + chunk_size])

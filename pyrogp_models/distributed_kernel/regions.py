@@ -1,7 +1,7 @@
 """Regions of the distributed kernel: axis-aligned boxes that partition the input space.
 
 A 1-D split (slides: cuts a_2 < … < a_J along one dimension) and a decision-tree partition
-(leaves are boxes) share one representation (spec §1.7):
+(leaves are boxes) share one representation:
 
 - for every *active* dimension d (one that is cut somewhere) an ordered list of cut values
   c_{d,0} < c_{d,1} < …, parametrised as c_{d,0} + cumsum(softplus(raw)) so that learned cuts can
@@ -42,7 +42,8 @@ class Regions(PyroModule):
         cut_values: one sorted 1-D tensor of cut values per active dimension.
         lower_index, upper_index: [J, A] long; face indices into each dimension's cut list,
             −1 for −∞ (lower) or +∞ (upper).
-        learn_cuts: make the cut values variational parameters (spec §1.7).
+        learn_cuts: make the cut values variational parameters (Σ_j k_j = k for any cuts, so
+            p(y) does not depend on them).
     """
 
     def __init__(self, input_dim: int, active_dims: list[int], cut_values: list[torch.Tensor],
@@ -200,7 +201,8 @@ class Regions(PyroModule):
 def quantile_cuts(x: torch.Tensor, num_regions: int, min_width: float) -> torch.Tensor:
     """J − 1 cuts at the data quantiles k/J (equal counts, for load balance), then moved as
     little as needed so that every region, the end ones measured from the data extremes, is at
-    least ``min_width`` wide (spec §1.7: 2ℓ; narrower regions are not local, §1.3).
+    least ``min_width`` wide (2ℓ by default: at the centre of a region of width W the window is
+    2Φ(W/ℓ) − 1, 0.95 for W = 2ℓ, so narrower regions are not local).
 
     Raises :class:`DataError` if the data range is shorter than J · min_width.
     """
@@ -225,7 +227,7 @@ def quantile_cuts(x: torch.Tensor, num_regions: int, min_width: float) -> torch.
 
 
 def split_dimension(X: torch.Tensor, lengthscale: torch.Tensor) -> int:
-    """Default split dimension: the largest (data range)/ℓ_d (spec §1.7)."""
+    """Default split dimension: the largest (data range)/ℓ_d (the slides leave the choice open)."""
     span = X.max(0).values - X.min(0).values
     return int(torch.argmax(span / lengthscale.expand(X.shape[-1])))
 

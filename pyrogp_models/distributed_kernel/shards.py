@@ -1,13 +1,14 @@
 """The distributed-kernel ELBO as a sum over region shards, evaluable by separate workers.
 
-Spec §2 leaves the distribution open; this is the scheme implemented and tested here.
+The slides leave the distribution open ("how exactly the bound will be maximized in a
+computationally distributed manner"); this is the scheme implemented and tested here.
 
 **Decomposition.** Every point i is *owned* by the region whose box contains it. Shard j holds
 region j's own points (x_i, y_i) and evaluates
 
     E_j = Σ_{i owned by j} E_{N(μ_i, v_i)}[log p(y_i | f_i)] − KL[q(v_j) ‖ N(0, I)],
 
-where μ_i, v_i sum over *all* regions whose grown box (the halo, §2) contains x_i: region j itself
+where μ_i, v_i sum over *all* regions whose grown box (the halo) contains x_i: region j itself
 and its *ghost* regions, the neighbours whose windows reach j's points. Σ_j E_j is exactly the
 in-process halo ELBO: the same (point, region) pairs, only summed in another order.
 

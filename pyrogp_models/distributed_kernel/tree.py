@@ -1,4 +1,4 @@
-"""Greedy tree partition: split the leaf, dimension and cut with the best bound gain (spec §1.7).
+"""Greedy tree partition: split the leaf, dimension and cut with the best bound gain.
 
 The slides pick the split dimension "with a criterion like information gain in decision trees";
 here the criterion is the collapsed bound itself. Starting from one region (R^D), every step tries,

@@ -1,4 +1,4 @@
-"""Window functions of the distributed squared-exponential kernel (spec §1.3).
+"""Window functions of the distributed squared-exponential kernel (the slides' split of k).
 
 Writing the SE kernel as a feature integral k(x, x') = ∫ φ(x, z) φ(x', z) dz and cutting the
 z-axis at a_1 = −∞ < a_2 < … < a_{J+1} = ∞ splits it into local kernels (slide "Each k_j(x,x')"):
@@ -138,7 +138,7 @@ def log_window(points: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
                lengthscale: torch.Tensor) -> torch.Tensor:
     """log w_j(x̄) of every box at every point: points [..., D], boxes lo/hi [J, D] → [..., J].
 
-    The window of the SE kernel uses scale ℓ_d/2 (spec §1.3, "stable equivalent form").
+    The window of the SE kernel uses scale ℓ_d/2: ½ erfc((a − x̄)/(ℓ/√2)) = 1 − Φ((a − x̄)/(ℓ/2)).
     """
     return log_box_mass(lo, hi, points.unsqueeze(-2), 0.5 * lengthscale)
 
@@ -162,7 +162,7 @@ def erfc_window(points: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
 
 def halo_radius(lengthscale: torch.Tensor, eps: float) -> torch.Tensor:
     """h_d = (ℓ_d/2) Φ⁻¹(1 − ε): a point farther than h_d from a box along any dimension has
-    window w_j ≤ ε there (spec §2)."""
+    window w_j ≤ ε there."""
     if not 0.0 < eps < 0.5:
         raise ValueError(f"halo threshold eps must lie in (0, 0.5), got {eps}")
     quantile = -torch.special.ndtri(torch.tensor(eps, dtype=torch.float64))

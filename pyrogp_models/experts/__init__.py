@@ -3,9 +3,11 @@
 Expert predictions are latent ``mean``/``var`` tensors ``[J, N]`` or ``[J, N, C]`` (expert axis
 first). ``combine(rule, mean, var, ...)`` returns the combined latent ``(mean, var)``.
 
-* :mod:`.exact` — exact GP experts with shared hyperparameters (eq. 2), exported as modules;
+* :mod:`.exact` — exact GP experts with shared hyperparameters (eq. 2), exported as modules
+  (fitted by ``inference.experts_fit``);
 * :mod:`.module_experts` — batched latent predictions of any dictionary of modules;
-* :mod:`.predictor` — :class:`ExpertCombination`, modules + rule + likelihood as a predictor.
+* :mod:`.predictor` — :class:`ExpertCombination`, modules + rule + likelihood as a predictor
+  (the likelihood is the experts' own, from :mod:`pyrogp_models.likelihoods`).
 """
 
 from .barycenter import (
@@ -17,21 +19,10 @@ from .barycenter import (
     w2_squared,
     w2_squared_1d,
 )
-from .exact import DEFAULT_TRAIN_CONFIG, ExactExperts, ExactFit, fit_exact_experts, grbcm_rows
+from .exact import ExactExperts, grbcm_rows
 from .module_experts import ModuleExperts, check_same_observations
-from .predictive import (
-    bernoulli_logit,
-    bernoulli_probit,
-    categorical_log_prob,
-    combine_in_y_space,
-    gauss_hermite,
-    gaussian_log_density,
-    gaussian_predictive,
-    multiclass_robustmax,
-    multiclass_softmax_mc,
-)
 from .predictor import SPACES, ExpertCombination
-from .rules import PRESETS, RULES, bcm, combine, gpoe, grbcm, poe, rbcm
+from .rules import PRESETS, RULES, bcm, combine, combine_in_y_space, gpoe, grbcm, poe, rbcm
 from .weights import (
     WEIGHTINGS,
     differential_entropy,
@@ -46,9 +37,7 @@ from .weights import (
 )
 
 __all__ = [
-    "DEFAULT_TRAIN_CONFIG",
     "ExactExperts",
-    "ExactFit",
     "ExpertCombination",
     "ModuleExperts",
     "PRESETS",
@@ -59,25 +48,16 @@ __all__ = [
     "barycenter_paper",
     "barycenter_w2",
     "bcm",
-    "bernoulli_logit",
-    "bernoulli_probit",
     "check_same_observations",
-    "categorical_log_prob",
     "combine",
     "combine_in_y_space",
     "differential_entropy",
     "expert_weights",
-    "fit_exact_experts",
     "fixed_point_residual",
-    "gauss_hermite",
-    "gaussian_log_density",
-    "gaussian_predictive",
     "gpoe",
     "grbcm",
     "grbcm_rows",
     "grbcm_liu",
-    "multiclass_robustmax",
-    "multiclass_softmax_mc",
     "normalise_weights",
     "poe",
     "rbcm",

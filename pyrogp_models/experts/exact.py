@@ -9,8 +9,9 @@ experts' log marginal likelihoods, eq. (2) (Deisenroth & Ng 2015):
 The experts form one batched Pyro model: the partitions are padded to a common size m and masked
 (padded rows get an identity covariance and zero targets, and their −½ log 2π terms are dropped),
 so one batched Cholesky of [J, m, m] evaluates every expert. :meth:`ExactExperts.model` adds the
-objective as a ``pyro.factor`` and the guide is empty (point estimates), so
-:func:`inference.trainer.train` fits it like any other model (L-BFGS by default here).
+objective as a ``pyro.factor`` and the guide is empty (point estimates), so an ELBO optimiser
+fits the hyperparameters like those of any other model (``inference.experts_fit`` runs the
+library's trainer, L-BFGS by default).
 
 An exact expert is exported as a :class:`~pyrogp_models.module.Module` whose inducing inputs are its
 own inputs and whose q(u) is the exact posterior of f at them,
@@ -24,15 +25,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pyro
 import torch
 from pyro.nn import PyroModule
 
-from inference.trainer import TrainConfig, TrainResult, train
-from pyrogp_models.data import Standardisation, require_finite
+from pyrogp_models.data import Standardisation
 from pyrogp_models.kernels import Stationary
 from pyrogp_models.likelihoods import Gaussian
 from pyrogp_models.linalg import cholesky, cholesky_solve, triangular_solve
@@ -40,13 +39,9 @@ from pyrogp_models.module import Module
 from pyrogp_models.partition import Partition, pad_partitions
 from pyrogp_models.svgp import DEFAULT_JITTER
 
-__all__ = ["ExactExperts", "ExactFit", "fit_exact_experts", "grbcm_rows", "DEFAULT_TRAIN_CONFIG"]
+__all__ = ["ExactExperts", "grbcm_rows"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
-
-#: L-BFGS on the summed log marginal likelihood, at most 10 × 20 iterations (the authors' code
-#: runs SciPy L-BFGS-B for 200 iterations); stops when a step no longer changes the loss.
-DEFAULT_TRAIN_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=10, window=1, tol=1e-9)
 
 #: Test points per chunk are chosen so that a chunk's cross-covariance has about this many entries.
 _CHUNK_ENTRIES = 1 << 22
@@ -111,7 +106,8 @@ class ExactExperts(PyroModule):
     def predict_f(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every expert's latent posterior at X [N, D] (model units): mean and variance [J, N].
 
-        m_j = k_jᵀ(K_j + σ²I)⁻¹y_j and σ_j² = k(x, x) − k_jᵀ(K_j + σ²I)⁻¹k_j (spec §1.2).
+        m_j = k_jᵀ(K_j + σ²I)⁻¹y_j and σ_j² = k(x, x) − k_jᵀ(K_j + σ²I)⁻¹k_j (Rasmussen & Williams
+        2006, eqs. 2.25–2.26), the latent predictive without noise that §2.2 combines.
         """
         chol = self.noisy_cholesky()
         alpha = cholesky_solve(chol, self.data_y.unsqueeze(-1))
@@ -200,46 +196,8 @@ def _inverse_cholesky(matrix: torch.Tensor) -> torch.Tensor:
     return triangular_solve(reversed_chol, eye).mT.flip(-2, -1)
 
 
-@dataclass
-class ExactFit:
-    """Fitted exact experts: the modules (in partition order), the batched model, its training
-    record and the standardisation shared by every expert."""
-
-    modules: dict[str, Module]
-    model: ExactExperts
-    result: TrainResult
-    standardisation: Standardisation
-
-
-def fit_exact_experts(X, y, partition: Partition, *, kernel: str = "rbf", ard: bool = False,
-                      lengthscale: float = 1.0, variance: float = 1.0, noise: float = 0.1,
-                      config: TrainConfig | None = None, names: Sequence[str] | None = None,
-                      info: dict | None = None, dtype: torch.dtype = torch.float64,
-                      device: str | torch.device = "cpu") -> ExactFit:
-    """Standardise (X, y), fit shared hyperparameters by eq. (2) and export one module per expert.
-
-    Initial hyperparameters are in standardised units. ``config`` defaults to
-    :data:`DEFAULT_TRAIN_CONFIG`; ``TrainConfig(steps=0)`` keeps the initial values.
-    """
-    X = np.asarray(X, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    require_finite(X, "inputs")
-    require_finite(y, "targets")
-    standardisation = Standardisation.fit(X, y)
-    as_tensor = lambda a: torch.as_tensor(a, dtype=dtype, device=device)  # noqa: E731
-    model = ExactExperts(as_tensor(standardisation.transform_x(X)),
-                         as_tensor(standardisation.transform_y(y)), partition, kernel, ard,
-                         lengthscale, variance, noise)
-    config = config or DEFAULT_TRAIN_CONFIG
-    result = train(model, config=config) if config.steps > 0 else TrainResult(converged=True)
-    modules = model.to_modules(standardisation, names,
-                               info={"partition_rule": partition.rule.get("kind"),
-                                     **(info or {})})
-    return ExactFit(modules, model, result, standardisation)
-
-
 def grbcm_rows(partition: Partition, size: int, seed: int) -> tuple[np.ndarray, Partition]:
-    """Rows and partition of grBCM experts (Liu et al. 2018, spec §1.3) built on a partition.
+    """Rows and partition of the grBCM experts of Liu et al. (2018), eq. (5), on a partition.
 
     A random communication set D_c of ``size`` points is expert 0 and expert j ≥ 1 is
     D_c ∪ D_j (D_j without the points of D_c). Fit ``X[rows], y[rows]`` on the returned

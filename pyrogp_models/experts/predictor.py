@@ -27,8 +27,7 @@ import torch
 from pyrogp_models.module import Module
 
 from .module_experts import ModuleExperts
-from .predictive import combine_in_y_space
-from .rules import RULES, combine
+from .rules import RULES, combine, combine_in_y_space
 from .weights import WEIGHTINGS
 
 __all__ = ["ExpertCombination", "SPACES"]
@@ -59,7 +58,7 @@ class ExpertCombination:
             normalised, entropy weights are not); ``False`` with ``softmax-var`` gives the
             paper's rBCM_var_u. See :data:`.rules.PRESETS` for the paper's named models.
         space: ``"f"`` combines the latent experts, then applies the likelihood; ``"y"``
-            (Gaussian likelihood only, for comparison, spec §1.5) combines the y-predictives
+            (Gaussian likelihood only, for comparison, §2.2 and §6) combines the y-predictives
             N(m_j, σ_j² + σ²) against the prior σ*² + σ²; :meth:`predict_f` then returns the
             implied latent (m, σ_y² − σ²), whose variance is negative wherever the y-space rule
             is more confident than the noise.

@@ -9,7 +9,10 @@ All rules are written in precision form relative to the prior so they stay finit
   m = σ² [Σ β_j σ_j⁻² m_j + (1 − Σβ_j) σ*⁻² μ0] = μ0 + σ² Σ β_j σ_j⁻² (m_j − μ0).
 * grBCM (eq. 5): the rBCM with the communication expert N(μ_c, σ_c²) in the prior's place.
 
-The prior variance σ*² = k(x*, x*) is the latent one (no noise) and is given per point.
+The prior variance σ*² = k(x*, x*) is the latent one (no noise) and is given per point. The
+likelihood is applied after combining (§2.2, eq. 6); :func:`combine_in_y_space` is the
+alternative of Liu et al. (2018) and others, kept for comparison (§6): it combines the experts'
+noisy y-predictives against the noisy prior.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from torch import Tensor
 from .barycenter import barycenter_paper, barycenter_w2
 from .weights import _align, _min_var, expert_weights, grbcm_liu, normalise_weights
 
-__all__ = ["poe", "gpoe", "bcm", "rbcm", "grbcm", "combine", "RULES", "PRESETS"]
+__all__ = ["poe", "gpoe", "bcm", "rbcm", "grbcm", "combine", "combine_in_y_space", "RULES",
+           "PRESETS"]
 
 #: Rule names accepted by :func:`combine`.
 RULES = ("poe", "gpoe", "bcm", "rbcm", "grbcm", "barycenter", "barycenter-paper")
@@ -88,7 +92,8 @@ def rbcm(
     Computed as σ² = σ*² / (1 + Σ β_j r_j) with r_j = σ*²/σ_j² − 1. With ``clamp=True`` the expert
     variances are clipped to ≤ σ*² (exact GPs satisfy this; jitter, SVGP experts and y-space
     mismatches may not), which keeps every r_j ≥ 0 and the precision ≥ σ*⁻². A non-zero prior
-    mean μ0 enters through the (1 − Σβ) σ*⁻² μ0 term (spec §1.3 [ours]).
+    mean μ0 enters through the (1 − Σβ) σ*⁻² μ0 term (eq. 4 divides by p(f*)^{Σβ−1}; the paper
+    takes μ0 = 0).
     """
     mean, var = _check_experts(mean, var)
     beta = _check_weights(weights, mean)
@@ -217,3 +222,29 @@ def combine(
     if rule == "barycenter":
         return barycenter_w2(mean, var, beta)
     return barycenter_paper(mean, var, beta)
+
+
+def combine_in_y_space(
+    rule: str,
+    mean: Tensor,
+    var: Tensor,
+    *,
+    noise_var,
+    prior_var=None,
+    communication=None,
+    **kwargs,
+) -> tuple[Tensor, Tensor]:
+    """Combine the experts' y-predictives N(m_j, σ_j² + σ_y²) against the prior σ*² + σ_y².
+
+    Returns the y-predictive (mean, var) directly (do not add the noise again). Weights are
+    computed from the noisy variances too, as in the y-space aggregations that §6 compares
+    against (Liu et al. 2018). Keyword arguments are passed to :func:`combine`.
+    """
+    noise = torch.as_tensor(noise_var, dtype=var.dtype, device=var.device)
+    if prior_var is not None:
+        prior_var = torch.as_tensor(prior_var, dtype=var.dtype, device=var.device) + noise
+    if communication is not None:
+        communication = (communication[0], communication[1] + noise)
+    return combine(
+        rule, mean, var + noise, prior_var=prior_var, communication=communication, **kwargs
+    )

@@ -5,7 +5,7 @@ and returns weights of the same shape. Per-point quantities (``prior_var``, ``pr
 scalars, ``[N]`` or ``[N, C]``; they are aligned from the left, so a ``[N]`` prior variance is
 shared by all C latent functions.
 
-Sign conventions (spec §1.4, "AMBIG (sign)"):
+Sign conventions (eqs. 13 and 15 disagree on the sign of ψ):
 
 * :func:`differential_entropy` is the *entropy reduction* ½(log σ*² − log σ_j²) of Cao & Fleet
   (2014) and Deisenroth & Ng (2015): ≥ 0 for an expert more confident than the prior, 0 at the
@@ -133,8 +133,9 @@ def softmax_variance(
 ) -> Tensor:
     """Softmax-variance weights, eqs. (13–14): β_j ∝ exp(−T σ_j²) (gPoE_var, BAR_var, rBCM_var_u).
 
-    ``relative_to=prior_var`` uses ψ_j = σ_j²/σ*² instead of σ_j² (T then has no units; spec
-    gotcha 7). The default, raw σ_j², reproduces the paper.
+    ``relative_to=prior_var`` uses ψ_j = σ_j²/σ*² instead of σ_j² (T then has no units; with raw
+    σ_j², T has units of 1/variance and the paper's T = 100 assumes σ_f² ≈ 1). The default, raw
+    σ_j², reproduces the paper.
     """
     psi = var if relative_to is None else var / _align(relative_to, var, "relative_to", True)
     return tempered_softmax(psi, temperature, normalise=normalise, log=log)
