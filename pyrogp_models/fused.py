@@ -1,4 +1,4 @@
-"""The squared-exponential cross-covariance as one thin matrix product and one exponential.
+"""The squared-exponential cross-covariance and its Gram statistics as a few thin products.
 
 For the RBF kernel k(x, z) = σ² exp(−½|x − z|²/ℓ²) the weighted cross-covariance
 G_nm = √w_n k(x_n, z_m) is exp(E_nm) with
@@ -10,6 +10,10 @@ Q_m = [z̃_m, 1, b_m]. One product with D + 2 columns and an in-place exponentia
 backward pass needs only G itself (∂E = ∂G ∘ G), where autograd through the distance would keep
 every N×M intermediate. The shift c (the mean of the inducing inputs, held constant) leaves the
 distances unchanged and keeps |x̃|² small, so the expanded square loses no accuracy.
+
+The Gaussian bounds need only Ψ₂ = GᵀG = K_zxWK_xz and Ψ₁ = Gᵀ(√w ∘ y) = K_zxWy; their backward
+is ∂G = G(∂Ψ₂ + ∂Ψ₂ᵀ) + (√w ∘ y)∂Ψ₁ᵀ. All products run as 3-D batched products on contiguous
+operands (one batch dimension), which is several times faster than broadcasting matmul on CPUs.
 """
 
 from __future__ import annotations
@@ -22,12 +26,11 @@ PADDING_LOG_WEIGHT = -1.0e4
 
 
 class ExpOfProduct(torch.autograd.Function):
-    """G = exp(P Qᵀ) for batched P [..., N, R] and Q [..., M, R] of equal batch shape; the
-    backward keeps only P, Q and G."""
+    """G = exp(P Qᵀ) for P [B, N, R] and Q [B, M, R]; the backward keeps only P, Q and G."""
 
     @staticmethod
     def forward(ctx, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-        out = torch.matmul(left, right.mT).exp_()
+        out = torch.bmm(left, right.mT).exp_()
         ctx.save_for_backward(left, right, out)
         return out
 
@@ -36,7 +39,52 @@ class ExpOfProduct(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         left, right, out = ctx.saved_tensors
         grad_exponent = grad * out
-        return grad_exponent @ right, grad_exponent.mT @ left
+        return torch.bmm(grad_exponent, right), torch.bmm(grad_exponent.mT, left)
+
+
+class GramOfExpOfProduct(torch.autograd.Function):
+    """(Ψ₂, Ψ₁) = (GᵀG, Gᵀv) with G = exp(P Qᵀ), for P [B, N, R], Q [B, M, R], v [B, N, 1];
+    G is kept for the backward pass, nothing else of size N×M."""
+
+    @staticmethod
+    def forward(ctx, left: torch.Tensor, right: torch.Tensor, vector: torch.Tensor):
+        G = torch.bmm(left, right.mT).exp_()
+        ctx.save_for_backward(left, right, vector, G)
+        return torch.bmm(G.mT, G), torch.bmm(G.mT, vector)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_gram: torch.Tensor, grad_projected: torch.Tensor):
+        left, right, vector, G = ctx.saved_tensors
+        grad_G = torch.bmm(G, grad_gram + grad_gram.mT).addcmul_(vector, grad_projected.mT)
+        grad_vector = torch.bmm(G, grad_projected) if ctx.needs_input_grad[2] else None
+        grad_exponent = grad_G.mul_(G)
+        return (torch.bmm(grad_exponent, right), torch.bmm(grad_exponent.mT, left),
+                grad_vector)
+
+
+def _augmented_factors(X, Z, lengthscale, variance, weights):
+    """P [B, N, D+2] and Q [B, M, D+2] with exp(PQᵀ) = √w ∘ k(X, Z), and the batch shape."""
+    centre = Z.detach().mean(-2, keepdim=True)
+    scale = lengthscale.unsqueeze(-2)
+    X_scaled = (X - centre) / scale
+    Z_scaled = (Z - centre) / scale
+    a = -0.5 * X_scaled.square().sum(-1)
+    if weights is not None:
+        log_weight = torch.where(weights > 0, weights.clamp_min(torch.finfo(weights.dtype).tiny)
+                                 .log(), PADDING_LOG_WEIGHT)
+        a = a + 0.5 * log_weight
+    b = variance.log().unsqueeze(-1) - 0.5 * Z_scaled.square().sum(-1)
+    batch = _broadcast_batch(X_scaled.shape[:-2], Z_scaled.shape[:-2], a.shape[:-1],
+                             b.shape[:-1])
+    N, M = X_scaled.shape[-2], Z_scaled.shape[-2]
+    left = torch.cat([X_scaled.expand(*batch, N, X_scaled.shape[-1]),
+                      a.expand(*batch, N).unsqueeze(-1),
+                      torch.ones_like(a).expand(*batch, N).unsqueeze(-1)], -1)
+    right = torch.cat([Z_scaled.expand(*batch, M, Z_scaled.shape[-1]),
+                       torch.ones_like(b).expand(*batch, M).unsqueeze(-1),
+                       b.expand(*batch, M).unsqueeze(-1)], -1)
+    return left.reshape(-1, N, left.shape[-1]), right.reshape(-1, M, right.shape[-1]), batch
 
 
 def rbf_weighted_cross_covariance(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor,
@@ -49,22 +97,27 @@ def rbf_weighted_cross_covariance(X: torch.Tensor, Z: torch.Tensor, lengthscale:
         lengthscale: [*batch, D] or [*batch, 1]; variance: [*batch].
         weights: non-negative point weights [*batch, N] (broadcastable); zero marks padding.
     """
-    centre = Z.detach().mean(-2, keepdim=True)
-    scale = lengthscale.unsqueeze(-2)
-    X_scaled = (X - centre) / scale
-    Z_scaled = (Z - centre) / scale
-    a = -0.5 * X_scaled.square().sum(-1)
-    if weights is not None:
-        log_weight = torch.where(weights > 0, weights.clamp_min(torch.finfo(weights.dtype).tiny)
-                                 .log(), PADDING_LOG_WEIGHT)
-        a = a + 0.5 * log_weight
-    b = variance.log().unsqueeze(-1) - 0.5 * Z_scaled.square().sum(-1)
-    batch = torch.broadcast_shapes(X_scaled.shape[:-2], Z_scaled.shape[:-2], a.shape[:-1],
-                                   b.shape[:-1])
-    left = torch.cat([X_scaled.expand(*batch, *X_scaled.shape[-2:]),
-                      a.expand(*batch, a.shape[-1]).unsqueeze(-1),
-                      torch.ones_like(a).expand(*batch, a.shape[-1]).unsqueeze(-1)], -1)
-    right = torch.cat([Z_scaled.expand(*batch, *Z_scaled.shape[-2:]),
-                       torch.ones_like(b).expand(*batch, b.shape[-1]).unsqueeze(-1),
-                       b.expand(*batch, b.shape[-1]).unsqueeze(-1)], -1)
-    return ExpOfProduct.apply(left, right)
+    left, right, batch = _augmented_factors(X, Z, lengthscale, variance, weights)
+    G = ExpOfProduct.apply(left, right)
+    return G.reshape(*batch, *G.shape[-2:])
+
+
+def rbf_weighted_gram(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor,
+                      variance: torch.Tensor, weights: torch.Tensor, y: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ψ₂ = K_zxWK_xz [*batch, M, M] and Ψ₁ = K_zxWy [*batch, M] for the RBF kernel, with the
+    arguments of :func:`rbf_weighted_cross_covariance` and targets y [*batch, N]."""
+    left, right, batch = _augmented_factors(X, Z, lengthscale, variance, weights)
+    vector = (weights.sqrt() * y).expand(*batch, left.shape[-2])
+    gram, projected = GramOfExpOfProduct.apply(left, right,
+                                               vector.reshape(-1, left.shape[-2], 1))
+    M = right.shape[-2]
+    return gram.reshape(*batch, M, M), projected.reshape(*batch, M)
+
+
+def _broadcast_batch(*shapes: torch.Size) -> tuple[int, ...]:
+    """Broadcast batch shapes (plain Python; torch.broadcast_shapes costs more than the kernel
+    for small problems)."""
+    width = max(len(shape) for shape in shapes)
+    padded = [(1,) * (width - len(shape)) + tuple(shape) for shape in shapes]
+    return tuple(max(sizes) for sizes in zip(*padded, strict=True))

@@ -18,7 +18,7 @@ import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 
-from pyrogp_models.fused import rbf_weighted_cross_covariance
+from pyrogp_models.fused import rbf_weighted_cross_covariance, rbf_weighted_gram
 
 #: Smallest squared distance fed to a square root, keeping Matérn gradients finite at r = 0.
 _MIN_SQUARED_DISTANCE = 1e-36
@@ -125,6 +125,14 @@ class Stationary(PyroModule):
             return rbf_weighted_cross_covariance(X, Z, self.lengthscale, self.variance, weights)
         cross = self(X, Z)
         return cross if weights is None else cross * weights.sqrt().unsqueeze(-1)
+
+    def weighted_gram(self, X: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor,
+                      y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ψ₂ = k(Z, X)Wk(X, Z) [*batch, M, M] and Ψ₁ = k(Z, X)Wy [*batch, M] (W = diag w)."""
+        if self.family == "rbf":
+            return rbf_weighted_gram(X, Z, self.lengthscale, self.variance, weights, y)
+        G = self.weighted_cross(X, Z, weights)
+        return G.mT @ G, (G.mT @ (weights.sqrt() * y).unsqueeze(-1)).squeeze(-1)
 
 
 def RBF(input_dim: int, **kwargs) -> Stationary:

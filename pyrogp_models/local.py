@@ -23,6 +23,9 @@ from pyrogp_models.module import Module
 from pyrogp_models.partition import Partition, pad_partitions
 from pyrogp_models.svgp import DEFAULT_JITTER, BatchedSVGP
 
+#: Floor on input spreads and initial lengthscales (standardised units).
+_MIN_SPREAD = 1e-3
+
 
 class LocalGPs(PyroModule):
     """One SVGP per partition, grouped by M.
@@ -82,10 +85,12 @@ class LocalGPs(PyroModule):
                                      **self.likelihood_options,
                                      **({"variance": noise}
                                         if self.likelihood_name == "gaussian" else {}))
-        lengthscale = _initial_lengthscale(X, mask, ard, Z.shape[-2])
+        spread = _input_spread(X, mask)
+        lengthscale = _initial_lengthscale(spread, ard, Z.shape[-2])
         kernel_module = Stationary(kernel, X.shape[-1], (count, likelihood.num_latent), ard,
                                    lengthscale.unsqueeze(1), 1.0, X.dtype, X.device)
-        svgp = BatchedSVGP(Z, kernel_module, likelihood, learn_inducing, jitter, name=name)
+        svgp = BatchedSVGP(Z, kernel_module, likelihood, learn_inducing, jitter, name=name,
+                           inducing_scale=spread.clamp_min(_MIN_SPREAD))
         svgp.register_buffer("data_X", X)
         svgp.register_buffer("data_y", y)
         svgp.register_buffer("data_mask", mask)
@@ -180,14 +185,17 @@ def _initial_inducing_padded(Xp, mask, per_partition, method, generator) -> list
     return [inducing[k] for k in range(len(per_partition))]
 
 
-def _initial_lengthscale(X: torch.Tensor, mask: torch.Tensor, ard: bool, num_inducing: int
-                         ) -> torch.Tensor:
-    """Twice the typical spacing of M inducing inputs over each partition's inputs:
-    2·spread/M^(1/D) per dimension ([K, D], or [K, 1] isotropic), floored at 1e-3. Short enough
-    that a fit does not start in the "everything is noise" optimum."""
+def _input_spread(X: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Standard deviation of each partition's inputs per dimension; [K, D]."""
     weights = mask.to(X.dtype).unsqueeze(-1)
     count = weights.sum(-2).clamp_min(1.0)
     mean = (X * weights).sum(-2) / count
-    std = (((X - mean.unsqueeze(-2)) * weights).square().sum(-2) / count).sqrt()
-    spacing = (2.0 * std / num_inducing ** (1.0 / X.shape[-1])).clamp_min(1e-3)
+    return (((X - mean.unsqueeze(-2)) * weights).square().sum(-2) / count).sqrt()
+
+
+def _initial_lengthscale(spread: torch.Tensor, ard: bool, num_inducing: int) -> torch.Tensor:
+    """Twice the typical spacing of M inducing inputs over each partition's inputs:
+    2·spread/M^(1/D) per dimension ([K, D], or [K, 1] isotropic), floored at 1e-3. Short enough
+    that a fit does not start in the "everything is noise" optimum."""
+    spacing = (2.0 * spread / num_inducing ** (1.0 / spread.shape[-1])).clamp_min(_MIN_SPREAD)
     return spacing if ard else spacing.mean(-1, keepdim=True)

@@ -45,11 +45,13 @@ class BatchedSVGP(PyroModule):
         learn_inducing: optimise Z (otherwise it is a fixed buffer).
         jitter: relative jitter on K_zz.
         name: prefix for Pyro sample sites, so several models can share one trace.
+        inducing_scale: [K, D] scale of each partition's coordinates for Z (e.g. the spread of
+            its inputs); without it Z is optimised in the shared input coordinates.
     """
 
     def __init__(self, inducing: torch.Tensor, kernel: Stationary, likelihood: Likelihood,
                  learn_inducing: bool = True, jitter: float = DEFAULT_JITTER,
-                 name: str = "svgp"):
+                 name: str = "svgp", inducing_scale: torch.Tensor | None = None):
         super().__init__(name)
         num_partitions, num_inducing, _ = inducing.shape
         num_latent = likelihood.num_latent
@@ -60,15 +62,29 @@ class BatchedSVGP(PyroModule):
         self.likelihood = likelihood
         self.jitter = jitter
         self.site_prefix = name
-        if learn_inducing:
-            self.inducing = PyroParam(inducing.clone())
+        if inducing_scale is None:
+            centre, scale = inducing.new_zeros(()), inducing.new_ones(())
         else:
-            self.register_buffer("inducing", inducing.clone())
+            centre = inducing.mean(-2, keepdim=True)
+            scale = inducing_scale.to(inducing).unsqueeze(-2)
+        self.register_buffer("inducing_centre", centre)
+        self.register_buffer("inducing_scale", scale)
+        unit = ((inducing - centre) / scale).clone()
+        if learn_inducing:
+            self.inducing_unit = PyroParam(unit)
+        else:
+            self.register_buffer("inducing_unit", unit)
         shape = (num_partitions, num_latent, num_inducing)
         self.q_mean = PyroParam(inducing.new_zeros(shape))
         eye = torch.eye(num_inducing, dtype=inducing.dtype, device=inducing.device)
         self.q_sqrt = PyroParam(eye.expand(*shape, num_inducing).clone(),
                                 constraint=constraints.lower_cholesky)
+
+    @property
+    def inducing(self) -> torch.Tensor:
+        """Z = c + s·Z̃ [K, M, D]: optimised as Z̃ in each partition's own coordinates (centre c,
+        scale s), so an optimiser step moves every partition's Z in proportion to its spread."""
+        return self.inducing_centre + self.inducing_scale * self.inducing_unit
 
     @property
     def num_partitions(self) -> int:
@@ -134,30 +150,33 @@ class BatchedSVGP(PyroModule):
         Both equal the pointwise sum with fewer operations of size N×M; the inverse form needs
         no triangular solve against N right-hand sides.
         """
-        X_, Z_ = X.unsqueeze(-3), self.inducing.unsqueeze(-3)
-        root_weights = weights.sqrt().unsqueeze(-2)  # [K, 1, N]
-        weighted_y = (root_weights * y.unsqueeze(-2)).unsqueeze(-1)  # [K, 1, N, 1]
         if inverse_form:
-            G = self.kernel.weighted_cross(X_, Z_, weights.unsqueeze(-2))  # √W K_xz, [K, 1, N, M]
-            gram, projected_y = G.mT @ G, (G.mT @ weighted_y).squeeze(-1)
-            alpha, B = conditionals.inverse_form(self.prior_cholesky(), self.q_mean, self.q_sqrt)
-            fit = (-2.0 * (projected_y * alpha).sum(-1)
-                   + (alpha * (gram @ alpha.unsqueeze(-1)).squeeze(-1)).sum(-1))
+            gram, projected_y = self.weighted_gram(X, y, weights)
+            vector, B = conditionals.inverse_form(self.prior_cholesky(), self.q_mean, self.q_sqrt)
             spread = (gram * B).sum((-2, -1))
         else:
-            A = conditionals.projection(self.prior_cholesky(), self.kernel(Z_, X_))
-            weighted_A = A * root_weights.unsqueeze(-2)  # A√W, [K, 1, M, N]
-            gram, projected_y = weighted_A @ weighted_A.mT, (weighted_A @ weighted_y).squeeze(-1)
-            mean_w, chol_w = self.q_mean, self.q_sqrt
-            fit = (-2.0 * (projected_y * mean_w).sum(-1)
-                   + (mean_w * (gram @ mean_w.unsqueeze(-1)).squeeze(-1)).sum(-1))
+            A = conditionals.projection(self.prior_cholesky(), self.kernel(
+                self.inducing.unsqueeze(-3), X.unsqueeze(-3)))
+            weighted_A = A * weights.sqrt().unsqueeze(-2).unsqueeze(-2)  # A√W, [K, 1, M, N]
+            gram = weighted_A @ weighted_A.mT
+            projected_y = (weighted_A @ (weights.sqrt() * y).unsqueeze(-2).unsqueeze(-1)
+                           ).squeeze(-1)
+            vector, chol_w = self.q_mean, self.q_sqrt
             spread = (-gram.diagonal(dim1=-2, dim2=-1).sum(-1)
                       + ((gram @ chol_w) * chol_w).sum((-2, -1)))
+        fit = (-2.0 * (projected_y * vector).sum(-1)
+               + (vector * (gram @ vector.unsqueeze(-1)).squeeze(-1)).sum(-1))
         residual = (weights * y.square()).sum(-1).unsqueeze(-1) + fit
-        spread = spread + (self.kernel.diag(X_) * weights.unsqueeze(-2)).sum(-1)
+        spread = spread + (self.kernel.diag(X.unsqueeze(-3)) * weights.unsqueeze(-2)).sum(-1)
         noise = self.likelihood.variance
         return (-0.5 * weights.sum(-1) * torch.log(2 * math.pi * noise)
                 - 0.5 * (residual + spread).squeeze(-1) / noise)
+
+    def weighted_gram(self, X, y, weights) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ψ₂ = K_zxWK_xz [K, L, M, M] and Ψ₁ = K_zxWy [K, L, M], W = diag(w): the data enter
+        the Gaussian bounds only through these."""
+        return self.kernel.weighted_gram(X.unsqueeze(-3), self.inducing.unsqueeze(-3),
+                                         weights.unsqueeze(-2), y.unsqueeze(-2))
 
     def elbo(self, X, y, mask) -> torch.Tensor:
         """The exact ELBO of every partition on full data, in the projected form; [K]."""

@@ -59,23 +59,24 @@ def test_local_fit_benchmark_quick(tmp_path):
         # same objective at the same initial point (up to the two libraries' jitter)
         assert math.isclose(row["first_loss_ours"], row["first_loss_gpytorch"], rel_tol=5e-3)
 
-    converge = payload["convergence"]
-    for key in ("K", "rtol", "adam_steps", "adam_seconds", "seconds_per_step",
-                "partitions_within", "lbfgs_reference_evaluations"):
-        assert converge[key] is not None, key
-    assert converge["K"] == payload["settings"]["converge_k"]
-    assert converge["rtol"] == 1e-3
-    assert 0 <= converge["partitions_within"] <= converge["K"]
-    # null means "not reached within the run": both are reported either way
-    for step_key, seconds_key in (("last_partition_step", "last_partition_seconds"),
-                                  ("all_within_step", "all_within_seconds")):
-        assert (converge[step_key] is None) == (converge[seconds_key] is None)
-        if converge[step_key] is not None:
-            assert 0 < converge[step_key] <= converge["adam_steps"]
-    if converge["last_partition_step"] is not None:
-        assert converge["partitions_within"] == converge["K"]
-        if converge["all_within_step"] is not None:
-            assert converge["all_within_step"] >= converge["last_partition_step"]
+    assert [c["bound"] for c in payload["convergence"]] == ["uncollapsed", "collapsed"]
+    for converge in payload["convergence"]:
+        for key in ("K", "rtol", "adam_steps", "adam_seconds", "seconds_per_step",
+                    "partitions_within", "lbfgs_reference_evaluations"):
+            assert converge[key] is not None, key
+        assert converge["K"] == payload["settings"]["converge_k"]
+        assert converge["rtol"] == 1e-3
+        assert 0 <= converge["partitions_within"] <= converge["K"]
+        # null means "not reached within the run": both are reported either way
+        for step_key, seconds_key in (("last_partition_step", "last_partition_seconds"),
+                                      ("all_within_step", "all_within_seconds")):
+            assert (converge[step_key] is None) == (converge[seconds_key] is None)
+            if converge[step_key] is not None:
+                assert 0 < converge[step_key] <= converge["adam_steps"]
+        if converge["last_partition_step"] is not None:
+            assert converge["partitions_within"] == converge["K"]
+            if converge["all_within_step"] is not None:
+                assert converge["all_within_step"] >= converge["last_partition_step"]
 
     targets = payload["targets"]
     assert set(targets) == {"fit_vs_loop", "per_step_vs_gpytorch"}

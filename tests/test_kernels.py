@@ -92,3 +92,22 @@ def test_weighted_cross_covariance_is_root_weight_times_kernel(family):
     assert torch.allclose(kernel.weighted_cross(X, Z), kernel(X, Z), rtol=1e-13, atol=1e-15)
     assert torch.autograd.gradcheck(lambda a, b: kernel.weighted_cross(a, b, weights),
                                     (X.clone().requires_grad_(), Z.clone().requires_grad_()))
+
+
+@pytest.mark.parametrize("family", ["rbf", "matern32"])
+def test_weighted_gram_statistics(family):
+    """Ψ₂ = K_zxWK_xz and Ψ₁ = K_zxWy against the direct products; gradients by finite
+    differences (the RBF's are hand-written)."""
+    torch.manual_seed(3)
+    kernel = Stationary(family, 2, (3, 1), ard=True, lengthscale=torch.rand(3, 1, 2) + 0.5)
+    X, Z = torch.randn(3, 1, 9, 2), torch.randn(3, 1, 4, 2)
+    weights, y = torch.rand(3, 1, 9), torch.randn(3, 1, 9)
+    weights[1, 0, :2] = 0.0
+    gram, projected = kernel.weighted_gram(X, Z, weights, y)
+    cross = kernel(X, Z)
+    assert torch.allclose(gram, cross.mT @ (weights.unsqueeze(-1) * cross), rtol=1e-12)
+    assert torch.allclose(projected, (cross.mT @ (weights * y).unsqueeze(-1)).squeeze(-1),
+                          rtol=1e-12)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: kernel.weighted_gram(a, b, weights, c),
+        (X.clone().requires_grad_(), Z.clone().requires_grad_(), y.clone().requires_grad_()))
