@@ -3,7 +3,8 @@
 Each command module exposes ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``;
 a new command is one more entry in :data:`COMMANDS`. Errors caused by the input (bad data, broken
 module files, missing files) print one line, ``pyrogp: error: <message>``, and exit with code 2;
-``--debug`` shows the traceback instead.
+``--debug`` shows the traceback instead. ``--threads N`` sets torch's intra-op thread count
+before the command runs (on a small, shared machine one or two threads are often fastest).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+
+import torch
 
 from pyrogp_models.errors import PyrogpError
 
@@ -31,6 +34,8 @@ COMMANDS = [
 USER_ERRORS = (PyrogpError, OSError, ValueError, FloatingPointError)
 
 _DEBUG_HELP = "show the full traceback of an error"
+_THREADS_HELP = ("use N threads within torch operations (torch.set_num_threads); "
+                 "default: torch's own choice, usually one per core")
 _MAX_MESSAGE = 400
 
 
@@ -38,14 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pyrogp", description="Gaussian processes fitted on partitions of data.")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
+    parser.add_argument("--threads", metavar="N", type=_positive_int, help=_THREADS_HELP)
     subparsers = parser.add_subparsers(metavar="COMMAND", required=True)
     for module_name in COMMANDS:
         command = importlib.import_module(module_name)
         subparser = subparsers.add_parser(command.NAME, help=command.HELP,
                                           description=command.HELP)
-        # SUPPRESS keeps a global --debug from being reset by the subcommand's default.
+        # SUPPRESS keeps a global --debug or --threads from being reset by the subcommand's
+        # default; both may also be given after the command name.
         subparser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                                help=_DEBUG_HELP)
+        subparser.add_argument("--threads", metavar="N", type=_positive_int,
+                               default=argparse.SUPPRESS, help=_THREADS_HELP)
         command.add_arguments(subparser)
         subparser.set_defaults(run=command.run)
     return parser
@@ -58,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_request:  # argparse has printed usage or help
         return int(exit_request.code or 0)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     try:
         return args.run(args)
     except USER_ERRORS as error:
@@ -68,6 +79,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pyrogp: interrupted", file=sys.stderr)
         return 130
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got '{text}'")
+    return value
 
 
 def _one_line(error: BaseException) -> str:

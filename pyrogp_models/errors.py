@@ -1,5 +1,9 @@
 """Exceptions raised by pyrogp_models; each message is one user-facing line naming the problem."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 
 class PyrogpError(Exception):
     """Base class of every error this library raises on purpose."""
@@ -19,3 +23,18 @@ class IncompatibleModulesError(PyrogpError):
 
 class CholeskyError(PyrogpError):
     """A Cholesky factorisation failed even after adding the largest jitter."""
+
+
+class UnboundedBoundError(PyrogpError):
+    """The ensemble bound of a meta-GP is unbounded above: its precision Λ_w has a non-positive
+    eigenvalue (under-fitted or overlapping modules, or a global kernel unlike the modules').
+
+    ``smallest`` is λ_min(Λ_w) and ``modules`` names the under-fitted modules (site precision
+    indefinite), so that a front end can word its own advice (the command line names its flag).
+    """
+
+    def __init__(self, message: str, smallest: float | None = None,
+                 modules: Sequence[str] = ()):
+        super().__init__(message)
+        self.smallest = smallest
+        self.modules = list(modules)

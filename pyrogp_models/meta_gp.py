@@ -16,14 +16,24 @@ As a Pyro model, v is a sample site with a whitened N(0, I) prior and the guide 
 ``TraceMeanField_ELBO`` evaluates the KL analytically; the contrastive sum (and the data term)
 enter as ``pyro.factor`` sites in closed form, and :func:`inference.trainer.train` fits the model.
 
-Collapsed form (spec §2.14): the bound is a quadratic form in q(v) with precision
-Λ_w = I + Σ_k B_k P_k B_kᵀ (+ AAᵀ/σ² for Gaussian raw data) and shift η_w, so for fixed ψ_*, Z_*
-the optimum is q(v) = N(Λ_w⁻¹η_w, Λ_w⁻¹) and L_E^* = ½η_wᵀΛ_w⁻¹η_w − ½log|Λ_w| + c. In collapsed
-mode ψ_* and Z_* are learned by gradients on L_E^*.
+Collapsed form. Substituting the closed-form Gaussian cross-entropy (App. B) and q_C (eq. 17)
+into eq. (6) makes the bound a quadratic form in q(v) — the natural-parameter view of the
+modules as Gaussian sites q_k/p_k — with precision Λ_w = I + Σ_k B_k P_k B_kᵀ
+(P_k = S_k⁻¹ − K_kk^{(k)−1}; + AAᵀ/σ² for Gaussian raw data) and shift η_w, so for fixed ψ_*, Z_*
+the optimum is q(v) = N(Λ_w⁻¹η_w, Λ_w⁻¹) and L_E^* = ½η_wᵀΛ_w⁻¹η_w − ½log|Λ_w| + c. (This
+closed form is derived here; the papers optimise q(u_*) by gradients.) In collapsed mode ψ_* and
+Z_* are learned by gradients on L_E^*.
+
+Cost. Both bounds are evaluated through that quadratic form, from site parameters P_k, b_k
+cached per module (:class:`pyrogp_models.module_stack.ModuleGroup`): one evaluation is one
+kernel matrix K_*· between Z_* and all Σ_k M_k module inducing inputs, block products with the
+P_k and M×M algebra — linear in the number of modules K, with no per-module factorisation or
+solve. :meth:`MetaGP.contrastive_terms` still scores the modules one by one (eq. 5).
 
 Boundedness: L_E is not a true bound; it is unbounded above when λ_min(Λ_w) ≤ 0 (under-fitted or
 overlapping modules, a global kernel unlike the modules'). The model checks λ_min(Λ_w) before
-training and every ``check_every`` evaluations, raising :class:`UnboundedBoundError` (or warning).
+training and every ``check_every`` evaluations (on the Λ_w the evaluation computes anyway),
+raising :class:`UnboundedBoundError` (or warning).
 :func:`pyrogp_models.module_stack.clip_site_precisions` repairs the modules.
 """
 
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyro
@@ -41,11 +52,12 @@ from pyro.nn import PyroModule, PyroParam
 
 from pyrogp_models import conditionals
 from pyrogp_models.data import Standardisation
-from pyrogp_models.errors import IncompatibleModulesError, PyrogpError
+from pyrogp_models.errors import IncompatibleModulesError, UnboundedBoundError
 from pyrogp_models.expectations import (
     ContrastiveQuadratic,
     contrastive_expectation,
-    contrastive_quadratic,
+    evaluate_quadratic,
+    site_quadratic,
 )
 from pyrogp_models.kernels import Stationary
 from pyrogp_models.kullback_leiblers import kl_to_standard_normal
@@ -60,51 +72,71 @@ _LOG_2PI = math.log(2.0 * math.pi)
 #: What to do when λ_min(Λ_w) ≤ 0.
 ON_UNBOUNDED = ("raise", "warn")
 
-
-class UnboundedBoundError(PyrogpError):
-    """The ensemble bound is unbounded above: Λ_w has a non-positive eigenvalue."""
+__all__ = ["MetaGP", "UnboundedBoundError", "UnboundedBoundWarning", "BoundednessGuard",
+           "choose_likelihood", "covariance_cholesky", "score_modules"]
 
 
 class UnboundedBoundWarning(UserWarning):
-    """Warning counterpart of :class:`UnboundedBoundError` (``on_unbounded="warn"``)."""
+    """Warning counterpart of :class:`UnboundedBoundError` (``on_unbounded="warn"``), with the
+    same ``smallest`` and ``modules``."""
+
+    def __init__(self, message: str, smallest: float | None = None,
+                 modules: Sequence[str] = ()):
+        super().__init__(message)
+        self.smallest = smallest
+        self.modules = list(modules)
 
 
 class BoundednessGuard:
     """λ_min(Λ_w) checks shared by the meta-GPs. A user class provides ``bound_quadratic()``,
     ``_unbounded_message(λ_min)`` and the attributes ``on_unbounded``, ``check_every`` and
-    ``evaluations``; a collapsed model always raises (its optimum does not exist)."""
+    ``evaluations`` (and may name suspect modules in ``_unbounded_suspects()``); a collapsed
+    model always raises (its optimum does not exist)."""
 
     collapsed = False
 
-    @torch.no_grad()
-    def min_precision_eigenvalue(self) -> float:
-        """λ_min(Λ_w); the bound is bounded above in q iff it is positive."""
-        return float(torch.linalg.eigvalsh(self.bound_quadratic().precision)[0])
+    def _unbounded_suspects(self) -> list[str]:
+        """Modules to name when the bound is unbounded (none by default)."""
+        return []
 
-    def check_bounded(self) -> float:
-        """Raise :class:`UnboundedBoundError` (or warn) if λ_min(Λ_w) ≤ 0; returns λ_min."""
-        smallest = self.min_precision_eigenvalue()
+    def _unbounded_error(self, smallest: float) -> UnboundedBoundError:
+        return UnboundedBoundError(self._unbounded_message(smallest), smallest,
+                                   self._unbounded_suspects())
+
+    @torch.no_grad()
+    def min_precision_eigenvalue(self, precision: torch.Tensor | None = None) -> float:
+        """λ_min(Λ_w) (of ``precision`` when given, else of the current Λ_w); the bound is bounded
+        above in q iff it is positive."""
+        if precision is None:
+            precision = self.bound_quadratic().precision
+        return float(torch.linalg.eigvalsh(precision.detach())[0])
+
+    def check_bounded(self, precision: torch.Tensor | None = None) -> float:
+        """Raise :class:`UnboundedBoundError` (or warn) if λ_min(Λ_w) ≤ 0; returns λ_min.
+        ``precision``: Λ_w if already computed."""
+        smallest = self.min_precision_eigenvalue(precision)
         if smallest > 0:
             return smallest
-        message = self._unbounded_message(smallest)
+        error = self._unbounded_error(smallest)
         if self.on_unbounded == "raise" or self.collapsed:
-            raise UnboundedBoundError(message)
-        warnings.warn(message, UnboundedBoundWarning, stacklevel=2)
+            raise error
+        warnings.warn(UnboundedBoundWarning(str(error), error.smallest, error.modules),
+                      stacklevel=2)
         return smallest
 
     def precision_cholesky(self, precision: torch.Tensor) -> torch.Tensor:
         """chol(Λ_w), raising :class:`UnboundedBoundError` if Λ_w is not positive definite."""
         chol, info = torch.linalg.cholesky_ex(precision)
         if bool(info > 0):
-            raise UnboundedBoundError(self._unbounded_message(
-                float(torch.linalg.eigvalsh(precision.detach())[0])))
+            raise self._unbounded_error(float(torch.linalg.eigvalsh(precision.detach())[0]))
         return chol
 
-    def guard_evaluation(self) -> None:
+    def guard_evaluation(self, precision: Callable[[], torch.Tensor] | None = None) -> None:
         """Called at every evaluation of the model: check before the first one and then every
-        ``check_every``."""
+        ``check_every``. ``precision``: returns Λ_w when the evaluation has it at hand (called
+        only when a check is due)."""
         if self.evaluations % self.check_every == 0:
-            self.check_bounded()
+            self.check_bounded(precision() if precision is not None else None)
         self.evaluations += 1
 
 
@@ -178,6 +210,7 @@ class MetaGP(BoundednessGuard, PyroModule):
             self.inducing = PyroParam(inducing.clone())
         else:
             self.register_buffer("inducing", inducing.clone())
+        self._cache_sites()
         self.likelihood = likelihood
         if likelihood is not None:
             likelihood.validate_targets(raw_y)
@@ -197,6 +230,18 @@ class MetaGP(BoundednessGuard, PyroModule):
     def num_inducing(self) -> int:
         return self.inducing.shape[-2]
 
+    def _cache_sites(self) -> None:
+        """The modules' inducing inputs side by side [N, D] (N = Σ_k M_k, group by group) and
+        their site shifts b [N] and constants, which do not change while the meta-GP trains."""
+        groups = self.stack.groups if self.stack is not None else ()
+        self._site_groups = [(group, len(group.names), group.num_inducing) for group in groups]
+        if not groups:
+            return
+        dim = self.stack.input_dim
+        self._site_inputs = torch.cat([g.inducing.reshape(-1, dim) for g in groups])
+        self._site_shift = torch.cat([g.site_shift.reshape(-1) for g in groups])
+        self._site_constant = sum(g.site_constant.sum() for g in groups)
+
     # Gaussian algebra -------------------------------------------------------------------------
     def prior_cholesky(self) -> torch.Tensor:
         """L_** = chol(K_** + jitter), [M, M]."""
@@ -204,10 +249,28 @@ class MetaGP(BoundednessGuard, PyroModule):
 
     def _module_terms(self, prior_chol: torch.Tensor):
         """Per M_k-group: the group, B_k = L_**⁻¹K_*k [G, M, M_k] and K_kk^{(*)} [G, M_k, M_k]."""
-        for group in self.stack.groups if self.stack is not None else ():
-            projection = conditionals.projection(prior_chol,
-                                                 self.kernel(self.inducing, group.inducing))
-            yield group, projection, self.kernel(group.inducing)
+        for group, count, size in self._site_groups:
+            cross = self.kernel(self.inducing, group.inducing.reshape(count * size, -1))
+            projection = conditionals.projection(prior_chol, cross)  # one solve for the group
+            yield (group, projection.reshape(-1, count, size).transpose(0, 1),
+                   self.kernel(group.inducing))
+
+    def module_quadratic(self, prior_chol: torch.Tensor | None = None) -> ContrastiveQuadratic:
+        """(P_w, η_w, c) of the contrastive sum Σ_k E_{q_C}[log q_k − log p_k] =
+        −½tr(P_w S_v) − ½mᵀP_w m + η_wᵀm + c, from the cached site parameters
+        (:func:`pyrogp_models.expectations.site_quadratic`); zeros without modules."""
+        prior_chol = self.prior_cholesky() if prior_chol is None else prior_chol
+        size = self.num_inducing
+        if not self._site_groups:
+            return ContrastiveQuadratic(prior_chol.new_zeros(size, size),
+                                        prior_chol.new_zeros(size), prior_chol.new_zeros(()))
+        # K_·* [N, M]; for the RBF one thin product and one exponential (pyrogp_models.fused)
+        cross = self.kernel.weighted_cross(self._site_inputs, self.inducing)
+        site_trace = sum((group.site_precision * self.kernel(group.inducing)).sum()
+                         for group, _, _ in self._site_groups)  # Σ_k tr(P_k K_kk^{(*)})
+        return site_quadratic(cross, prior_chol, [g.site_precision for g, _, _ in
+                                                  self._site_groups],
+                              self._site_shift, site_trace, self._site_constant)
 
     def contrastive_predictives(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """q_C(u_k) = N(m_C, S_C) per M_k-group (eq. 17, whitened): means [G, M_k] and
@@ -238,9 +301,18 @@ class MetaGP(BoundednessGuard, PyroModule):
             return self.q_mean.new_zeros(())
         return self.likelihood.expected_log_prob(self.raw_y, *self.latent(self.raw_X)).sum()
 
+    def contrastive_sum(self, quadratic: ContrastiveQuadratic | None = None) -> torch.Tensor:
+        """Σ_k E_{q_C(u_k)}[log q_k(u_k) − log p_k(u_k)] at the current q(v), through the
+        quadratic form (``quadratic``: :meth:`module_quadratic` if already computed)."""
+        if quadratic is None:
+            if self.stack is None:
+                return self.q_mean.new_zeros(())
+            quadratic = self.module_quadratic()
+        return evaluate_quadratic(quadratic, self.q_mean, self.q_sqrt)
+
     def bound(self) -> torch.Tensor:
         """L_E (eq. 6), or the combined bound (eq. 19) with raw data, at the current q(v)."""
-        return self.contrastive_terms().sum() + self.expected_log_lik() - self.kl()
+        return self.contrastive_sum() + self.expected_log_lik() - self.kl()
 
     # Collapsed form ---------------------------------------------------------------------------
     def bound_quadratic(self) -> ContrastiveQuadratic:
@@ -249,15 +321,15 @@ class MetaGP(BoundednessGuard, PyroModule):
         Λ_w includes the KL's identity and, for Gaussian raw data, its exact quadratic form;
         other raw-data likelihoods are left out (they add curvature for log-concave p(y|f))."""
         prior_chol = self.prior_cholesky()
-        size = self.num_inducing
-        precision = torch.eye(size, dtype=prior_chol.dtype, device=prior_chol.device)
-        shift = prior_chol.new_zeros(size)
-        constant = prior_chol.new_zeros(())
-        for group, projection, prior_cov in self._module_terms(prior_chol):
-            part = contrastive_quadratic(projection, prior_cov, group.mean, group.chol,
-                                         group.prior_chol)
-            precision, shift, constant = (precision + part.precision, shift + part.shift,
-                                          constant + part.constant)
+        return self._with_kl_and_data(self.module_quadratic(prior_chol), prior_chol)
+
+    def _with_kl_and_data(self, modules: ContrastiveQuadratic, prior_chol: torch.Tensor
+                          ) -> ContrastiveQuadratic:
+        """Λ_w, η_w, c from the modules' quadratic form: + I (the KL) and the Gaussian raw data's
+        exact quadratic form."""
+        precision, shift, constant = modules
+        precision = precision + torch.eye(self.num_inducing, dtype=precision.dtype,
+                                          device=precision.device)
         if self.likelihood is not None and self.likelihood.name == "gaussian":
             noise = self.likelihood.variance
             A = conditionals.projection(prior_chol, self.kernel(self.inducing, self.raw_X))
@@ -268,9 +340,10 @@ class MetaGP(BoundednessGuard, PyroModule):
                                          + residual.sum() / noise)
         return ContrastiveQuadratic(precision, shift, constant)
 
-    def collapsed_bound(self) -> torch.Tensor:
-        """L_E^* = ½η_wᵀΛ_w⁻¹η_w − ½log|Λ_w| + c, the bound at the optimal q(v)."""
-        precision, shift, constant = self.bound_quadratic()
+    def collapsed_bound(self, quadratic: ContrastiveQuadratic | None = None) -> torch.Tensor:
+        """L_E^* = ½η_wᵀΛ_w⁻¹η_w − ½log|Λ_w| + c, the bound at the optimal q(v)
+        (``quadratic``: :meth:`bound_quadratic` if already computed)."""
+        precision, shift, constant = quadratic if quadratic is not None else self.bound_quadratic()
         chol = self.precision_cholesky(precision)
         whitened_shift = triangular_solve(chol, shift.unsqueeze(-1)).squeeze(-1)
         return (0.5 * whitened_shift.square().sum() - chol.diagonal().log().sum() + constant)
@@ -288,8 +361,12 @@ class MetaGP(BoundednessGuard, PyroModule):
         self.q_mean, self.q_sqrt = self.optimal_posterior()
 
     # Boundedness guard ------------------------------------------------------------------------
+    def _unbounded_suspects(self) -> list[str]:
+        """The modules whose site precision is indefinite (under-fitted)."""
+        return self.stack.indefinite_sites() if self.stack is not None else []
+
     def _unbounded_message(self, smallest: float) -> str:
-        suspects = self.stack.indefinite_sites() if self.stack is not None else []
+        suspects = self._unbounded_suspects()
         named = (f"; modules wider than their prior (under-fitted): {suspects[:5]}"
                  if suspects else "")
         return (f"the ensemble bound is unbounded above: λ_min(Λ_w) = {smallest:.4g} ≤ 0 "
@@ -300,17 +377,23 @@ class MetaGP(BoundednessGuard, PyroModule):
     # Pyro model / guide -----------------------------------------------------------------------
     def model(self):
         """Whitened prior v ~ N(0, I); the contrastive sum and raw-data term as factors (or the
-        collapsed bound alone)."""
-        self.guard_evaluation()
+        collapsed bound alone). The boundedness guard reuses this evaluation's Λ_w."""
         if self.collapsed:
-            pyro.factor(f"{self.site_prefix}.collapsed", self.collapsed_bound())
+            quadratic = self.bound_quadratic()
+            self.guard_evaluation(lambda: quadratic.precision)
+            pyro.factor(f"{self.site_prefix}.collapsed", self.collapsed_bound(quadratic))
             return
+        prior_chol = self.prior_cholesky()
+        modules = self.module_quadratic(prior_chol) if self.stack is not None else None
+        self.guard_evaluation(lambda: self._with_kl_and_data(
+            self.module_quadratic(prior_chol) if modules is None else modules,
+            prior_chol).precision)
         size = self.num_inducing
         zeros = self.q_mean.new_zeros(size)
         eye = torch.eye(size, dtype=zeros.dtype, device=zeros.device)
         pyro.sample(f"{self.site_prefix}.v", dist.MultivariateNormal(zeros, scale_tril=eye))
-        if self.stack is not None:
-            pyro.factor(f"{self.site_prefix}.contrastive", self.contrastive_terms().sum())
+        if modules is not None:
+            pyro.factor(f"{self.site_prefix}.contrastive", self.contrastive_sum(modules))
         if self.likelihood is not None:
             pyro.factor(f"{self.site_prefix}.data", self.expected_log_lik())
 
@@ -327,7 +410,8 @@ class MetaGP(BoundednessGuard, PyroModule):
         """The meta-GP as a :class:`Module` (unwhitened q(u_*), global kernel, Z_*), so it can be
         recycled again or used for predictions. The likelihood follows
         :func:`choose_likelihood`; N = Σ N_k + N_raw; ``elbo`` = Σ_k L_k + the final bound (the
-        evidence estimate of the Modular GP slides), with the bound itself in ``info``."""
+        module-driven evidence estimate of "Modular Gaussian Processes for Transfer Learning",
+        NeurIPS 2021), with the bound itself in ``info``."""
         if self.collapsed:
             self.set_optimal_posterior()
         bound = float(self.bound())
@@ -369,7 +453,8 @@ def choose_likelihood(stack: ModuleStack | None, raw_likelihood: Likelihood | No
                       ) -> tuple[str, dict, dict[str, torch.Tensor], str]:
     """The likelihood of an exported meta-GP: (name, options, parameter values, source).
 
-    The meta bound has no likelihood of its own (spec §2.10), so one is chosen by this rule:
+    The meta bound has no likelihood of its own (Recyclable GPs, §2.3 "Global prediction",
+    predicts with the meta-GP's own fixed likelihood), so one is chosen by this rule:
 
     1. ``name`` given ("user"): options from ``options``, else from the raw data or modules with
        that likelihood; each parameter from ``params``, else learned from raw data with that

@@ -2,28 +2,30 @@
 
 Modules are grouped by their number of inducing inputs M_k (no padding); each group stacks the
 inducing inputs Z_k, the means μ_k, chol(S_k) and chol(K_kk^{(k)} + jitter_k) — the module's prior
-p_k(u_k) under its *own* kernel and jitter — computed once, since none of them changes while a
-meta-GP trains. Building a stack checks that the modules can be combined into one latent function
-(or, for the multi-output meta-GP, into correlated outputs).
+p_k(u_k) under its *own* kernel and jitter — and the site parameters P_k = S_k⁻¹ − K_kk^{(k)−1},
+b_k = S_k⁻¹μ_k (:func:`pyrogp_models.expectations.site_parameters`), all computed once, since none
+of them changes while a meta-GP trains. Building a stack checks that the modules can be combined
+into one latent function (or, for the multi-output meta-GP, into correlated outputs).
 
-:func:`clip_site_precisions` is the optional repair of modules whose site precision
-P_k = S_k⁻¹ − K_kk^{(k)−1} is indefinite (spec §2.14).
+:func:`clip_site_precisions` is the optional repair of modules whose site precision P_k is
+indefinite, which makes the ensemble bound of Recyclable GPs (eq. 6) unbounded above.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from pyrogp_models.data import Standardisation
-from pyrogp_models.errors import IncompatibleModulesError
-from pyrogp_models.kernels import PROFILES
+from pyrogp_models.errors import CholeskyError, IncompatibleModulesError
+from pyrogp_models.expectations import site_parameters
+from pyrogp_models.kernels import PROFILES, stationary_covariance
 from pyrogp_models.likelihoods import LIKELIHOODS
-from pyrogp_models.linalg import triangular_solve
+from pyrogp_models.linalg import cholesky, triangular_solve
 from pyrogp_models.module import Module
 
 #: Relative tolerance when comparing the standardisations of modules.
@@ -34,7 +36,11 @@ SITE_TOLERANCE = 1e-8
 
 @dataclass(frozen=True, eq=False)
 class ModuleGroup:
-    """The modules of a stack that share M_k, stacked along dim 0 (G modules)."""
+    """The modules of a stack that share M_k, stacked along dim 0 (G modules).
+
+    The site parameters are derived from μ_k, S_k and K_kk^{(k)} when the group is built (and
+    again by :func:`dataclasses.replace`).
+    """
 
     names: tuple[str, ...]
     indices: torch.Tensor  # positions in the stack's module order, [G]
@@ -42,6 +48,16 @@ class ModuleGroup:
     mean: torch.Tensor  # μ_k, [G, M_k]
     chol: torch.Tensor  # chol S_k, [G, M_k, M_k]
     prior_chol: torch.Tensor  # chol(K_kk^{(k)} + jitter_k), [G, M_k, M_k]
+    site_precision: torch.Tensor = field(init=False, repr=False)  # P_k, [G, M_k, M_k]
+    site_shift: torch.Tensor = field(init=False, repr=False)  # b_k = S_k⁻¹μ_k, [G, M_k]
+    # μ_kᵀS_k⁻¹μ_k + log|S_k| − log|K_kk^{(k)}|, [G]
+    site_constant: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self):
+        sites = site_parameters(self.mean, self.chol, self.prior_chol)
+        object.__setattr__(self, "site_precision", sites.precision)
+        object.__setattr__(self, "site_shift", sites.shift)
+        object.__setattr__(self, "site_constant", sites.constant)
 
     @property
     def num_inducing(self) -> int:
@@ -50,7 +66,7 @@ class ModuleGroup:
 
 @dataclass(frozen=True, eq=False)
 class ModuleStack:
-    """Modules (float64 copies, in the given order) and their cached tensors grouped by M_k.
+    """Modules (in float64, in the given order) and their cached tensors grouped by M_k.
 
     ``standardisation`` is the modules' common input standardisation, with the output
     standardisation of the target-standardising modules when they share one latent function.
@@ -70,8 +86,7 @@ class ModuleStack:
         multi-output meta-GP, where each module is its own output.
         """
         check_compatible(modules, shared_output)
-        converted = {name: module.to(dtype=dtype, device=device)
-                     for name, module in modules.items()}
+        converted = {name: _converted(module, dtype, device) for name, module in modules.items()}
         names = list(converted)
         groups = []
         for size in sorted({module.num_inducing for module in converted.values()}):
@@ -83,7 +98,7 @@ class ModuleStack:
                 inducing=torch.stack([m.inducing for m in group]),
                 mean=torch.stack([m.q_mean[0] for m in group]),
                 chol=torch.stack([m.q_chol[0] for m in group]),
-                prior_chol=torch.stack([m.prior_cholesky()[0] for m in group])))
+                prior_chol=_prior_choleskies(group)))
         return cls(converted, tuple(groups), _common_standardisation(converted, shared_output))
 
     @property
@@ -119,6 +134,41 @@ class ModuleStack:
         return found
 
 
+def _converted(module: Module, dtype: torch.dtype, device) -> Module:
+    """The module in ``dtype`` on ``device`` (itself when it already is)."""
+    target = torch.device(device) if device is not None else module.inducing.device
+    tensors = [module.lengthscale, module.variance, module.inducing, module.q_mean,
+               module.q_chol, *module.likelihood_params.values()]
+    if all(t.dtype == dtype and t.device == target for t in tensors):
+        return module
+    return module.to(dtype=dtype, device=device)
+
+
+def _prior_choleskies(group: list[Module]) -> torch.Tensor:
+    """chol(K_kk^{(k)} + jitter_k) of modules with one M_k, [G, M_k, M_k]: batched over the
+    modules that share kernel family, jitter and lengthscale shape (the same factors as
+    :meth:`Module.prior_cholesky`, whose error names the module when one fails)."""
+    kinds: dict[tuple, list[int]] = {}
+    for k, module in enumerate(group):
+        kinds.setdefault((module.kernel_family, module.jitter, module.lengthscale.shape[-1]),
+                         []).append(k)
+    first = group[0].inducing
+    out = first.new_empty(len(group), first.shape[-2], first.shape[-2])
+    for (family, jitter, _), members in kinds.items():
+        inducing = torch.stack([group[k].inducing for k in members])
+        lengthscale = torch.stack([group[k].lengthscale[0] for k in members])
+        variance = torch.stack([group[k].variance[0] for k in members])
+        try:
+            chol = cholesky(stationary_covariance(family, inducing, inducing, lengthscale,
+                                                  variance), jitter)
+        except CholeskyError:
+            for k in members:  # raise the error that names the module
+                group[k].prior_cholesky()
+            raise
+        out[members] = chol
+    return out
+
+
 def check_compatible(modules: Mapping[str, Module], shared_output: bool = True) -> None:
     """Raise :class:`IncompatibleModulesError`, naming the modules, unless every module has one
     latent function, a known kernel family and likelihood, the same input dimension and the same
@@ -129,10 +179,7 @@ def check_compatible(modules: Mapping[str, Module], shared_output: bool = True) 
     names = list(modules)
 
     def differ(what: str, key) -> None:
-        values = [key(modules[name]) for name in names]
-        reference = values[0]
-        odd = [name for name, value in zip(names, values, strict=True)
-               if not _same(value, reference)]
+        odd = _odd_ones(names, [key(modules[name]) for name in names])
         if odd:
             raise IncompatibleModulesError(
                 f"modules {_listing(odd)} differ from module '{names[0]}' in {what}")
@@ -154,11 +201,9 @@ def check_compatible(modules: Mapping[str, Module], shared_output: bool = True) 
         standardised = [name for name in names
                         if LIKELIHOODS[modules[name].likelihood_name].standardise_targets]
         if standardised:
-            reference = modules[standardised[0]].standardisation
-            odd = [name for name in standardised
-                   if not _same(np.array([modules[name].standardisation.y_mean,
-                                          modules[name].standardisation.y_scale]),
-                                np.array([reference.y_mean, reference.y_scale]))]
+            odd = _odd_ones(standardised, [(modules[name].standardisation.y_mean,
+                                             modules[name].standardisation.y_scale)
+                                            for name in standardised])
             if odd:
                 raise IncompatibleModulesError(
                     f"modules {_listing(odd)} standardise their targets differently from module "
@@ -167,6 +212,19 @@ def check_compatible(modules: Mapping[str, Module], shared_output: bool = True) 
 
 def _same(value, reference) -> bool:
     return bool(np.allclose(value, reference, rtol=STANDARDISATION_RTOL, atol=0.0))
+
+
+def _odd_ones(names: list[str], values: list) -> list[str]:
+    """The names whose value differs from the first one's (:func:`_same`), compared in one
+    vectorised test when the values have one shape."""
+    try:
+        stacked = np.asarray(values, dtype=np.float64)
+    except ValueError:  # ragged: compare one by one
+        return [name for name, value in zip(names, values, strict=True)
+                if not _same(value, values[0])]
+    close = np.isclose(stacked, stacked[0], rtol=STANDARDISATION_RTOL, atol=0.0)
+    return [name for name, same in zip(names, close.reshape(len(names), -1).all(-1),
+                                       strict=True) if not same]
 
 
 def _listing(names: list[str], limit: int = 5) -> str:

@@ -293,6 +293,51 @@ def test_rule_is_passed_to_the_expert_combination(capsys, monkeypatch, folder, r
     assert not (folder / "never.csv").exists()
 
 
+@pytest.fixture
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("place", ["before", "after"])
+def test_threads_is_applied_before_the_command_runs(capsys, monkeypatch, contiguous_modules,
+                                                    restore_threads, place):
+    import inference.commands.info as info_command
+
+    seen = []
+    real_run = info_command.run
+
+    def recording_run(args):
+        seen.append(torch.get_num_threads())
+        return real_run(args)
+
+    monkeypatch.setattr(info_command, "run", recording_run)
+    wanted = 3 if torch.get_num_threads() != 3 else 2
+    argv = (["--threads", wanted, "info", contiguous_modules] if place == "before"
+            else ["info", contiguous_modules, "--threads", wanted])
+    assert "part002" in run_ok(capsys, *argv)
+    assert seen == [wanted] and torch.get_num_threads() == wanted
+
+
+def test_without_threads_the_thread_count_is_left_alone(capsys, contiguous_modules,
+                                                        restore_threads):
+    torch.set_num_threads(2)
+    run_ok(capsys, "info", contiguous_modules)
+    assert torch.get_num_threads() == 2
+    assert "--threads N" in run_ok(capsys, "--help")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_threads_must_be_a_positive_whole_number(capsys, contiguous_modules, restore_threads,
+                                                 value):
+    threads = torch.get_num_threads()
+    capsys.readouterr()
+    assert main(["--threads", value, "info", str(contiguous_modules)]) == 2
+    assert "--threads: expected a positive whole number" in capsys.readouterr().err
+    assert torch.get_num_threads() == threads
+
+
 def test_debug_shows_the_exception(tmp_path):
     with pytest.raises(DataError, match="data file not found"):
         main(["--debug", *fit_args(str(tmp_path / "missing.csv"), "--out", str(tmp_path / "o"))])

@@ -130,3 +130,90 @@ def test_make_likelihood_by_name_and_batched_parameters():
     assert lik.expected_log_prob(torch.zeros(4, 3), mean, var).shape == (4, 3)
     with pytest.raises(ValueError, match="unknown likelihood"):
         make_likelihood("student")
+
+
+# Robust-max: class probabilities at very different class variances ---------------------------
+RATIOS = [10.0**k for k in range(-4, 5)]
+
+
+def robustmax_rows(ratio):
+    """Latent moments [R, 3] where class 1's variance is ``ratio`` times class 0's."""
+    mean = torch.tensor([[0.0, 0.0, 0.0], [0.5, -0.2, 1.0], [0.02, 0.0, -0.01],
+                         [1.0, 0.0, -1.0], [-0.3, 0.4, 0.1], [0.0, 0.005, 2.0]])
+    var = torch.tensor([[1e-2, 1e-2 * ratio, 1e-3], [1.0, ratio, 0.1]]).repeat(3, 1)
+    return mean, var
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_robustmax_equal_means_match_the_orthant_probability(ratio):
+    # With equal means P(f_c is the max) = P(D_1 > 0, D_2 > 0) for D_j = f_c − f_j, a centred
+    # bivariate normal with correlation ρ = v_c/√((v_c+v_j)(v_c+v_k)): P = 1/4 + asin(ρ)/(2π).
+    var = torch.tensor([[1e-4, 1e-4 * ratio, 1.0], [1.0, ratio, 1e-4], [3.0, 3.0 * ratio, 3.0]])
+    mean = torch.full_like(var, 0.7)
+    lik = Categorical(num_classes=3, link="robustmax")
+    expected = torch.empty_like(var)
+    for c in range(3):
+        j, k = [i for i in range(3) if i != c]
+        rho = var[:, c] / ((var[:, c] + var[:, j]) * (var[:, c] + var[:, k])).sqrt()
+        expected[:, c] = 0.25 + torch.asin(rho) / (2 * math.pi)
+    prob_max = lik._prob_is_max(mean, var)
+    assert torch.allclose(prob_max, expected, rtol=0, atol=1e-8)
+    probs, _ = lik.predictive_moments(mean, var)
+    assert torch.allclose(probs.sum(-1), torch.ones(3), rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_robustmax_two_classes_match_the_closed_form(ratio):
+    # P(f_0 > f_1) = Φ((m_0 − m_1)/√(v_0 + v_1)).
+    mean = torch.tensor([[0.0, 0.0], [0.3, -0.1], [-0.02, 0.01], [2.0, 0.0]])
+    var = torch.tensor([[1e-2, 1e-2 * ratio]]).expand(4, 2)
+    lik = Categorical(num_classes=2, link="robustmax")
+    prob_first = torch.special.ndtr((mean[:, 0] - mean[:, 1]) / var.sum(-1).sqrt())
+    expected = torch.stack([prob_first, 1.0 - prob_first], -1)
+    assert torch.allclose(lik._prob_is_max(mean, var), expected, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_robustmax_probabilities_and_expectation_match_monte_carlo(ratio):
+    mean, var = robustmax_rows(ratio)
+    lik = Categorical(num_classes=3, link="robustmax")
+    generator = torch.Generator().manual_seed(int(math.log10(ratio)) + 10)
+    draws, wins = 10**6, torch.zeros_like(mean)
+    for _ in range(5):
+        f = mean + var.sqrt() * torch.randn((draws // 5, *mean.shape), generator=generator)
+        wins += torch.nn.functional.one_hot(f.argmax(-1), 3).sum(0)
+    win_rate = wins / draws
+    # Standard errors, floored at one draw's worth for (almost) certain outcomes.
+    se = (win_rate * (1 - win_rate) / draws).sqrt().clamp_min(1.0 / draws)
+    off = lik.epsilon / 2
+    mc_probs = (1 - lik.epsilon) * win_rate + off * (1 - win_rate)
+    probs, _ = lik.predictive_moments(mean, var)
+    assert torch.allclose(probs.sum(-1), torch.ones(len(mean)), rtol=0, atol=1e-6)
+    assert ((probs - mc_probs).abs() <= 4 * (1 - lik.epsilon - off) * se).all()
+    # E_q[log p(y|f)] for every label: the Monte Carlo mean of log p(y|f_s) is affine in the
+    # win rate, with standard error |log(1−ε) − log off|·se.
+    log_gap = math.log(1 - lik.epsilon) - math.log(off)
+    for label in range(3):
+        y = torch.full((len(mean),), float(label))
+        mc = math.log(off) + log_gap * win_rate[:, label]
+        expected_log_prob = lik.expected_log_prob(y, mean, var)
+        assert ((expected_log_prob - mc).abs() <= 4 * log_gap * se[:, label]).all()
+        assert torch.allclose(lik.log_predictive(y, mean, var), probs[:, label].log(),
+                              rtol=1e-12, atol=0)
+
+
+def test_robustmax_gradients_are_finite_and_match_finite_differences():
+    lik = Categorical(num_classes=3, link="robustmax")
+    mean = torch.tensor([[0.5, -0.2, 1.0], [0.0, 0.01, 0.0]], requires_grad=True)
+    var = torch.tensor([[1e-4, 1.0, 0.3], [1e-2, 1e2, 1.0]], requires_grad=True)
+    y = torch.tensor([0.0, 2.0])
+    assert torch.autograd.gradcheck(lambda m, v: lik.expected_log_prob(y, m, v), (mean, var))
+    # Zero variances (hard comparisons) and huge spreads: finite values and gradients.
+    mean = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0], [0.0, 30.0, -30.0]],
+                        requires_grad=True)
+    var = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [1e-8, 1e6, 1e-8]], requires_grad=True)
+    prob_max = lik._prob_is_max(mean, var)
+    assert torch.allclose(prob_max.sum(-1), torch.ones(3), rtol=0, atol=1e-6)
+    assert torch.allclose(prob_max[1], torch.tensor([1.0, 0.0, 0.0]), rtol=0, atol=1e-12)
+    lik.expected_log_prob(torch.tensor([0.0, 1.0, 2.0]), mean, var).sum().backward()
+    assert torch.isfinite(mean.grad).all() and torch.isfinite(var.grad).all()

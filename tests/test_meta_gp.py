@@ -1,4 +1,7 @@
-"""The meta-GP (spec §7 T4–T9, T13, T14), checked against dense GP formulas written here."""
+"""The meta-GP of Recyclable GPs (Moreno-Muñoz, Artés-Rodríguez, Álvarez, arXiv 2010.02554),
+checked against dense GP formulas written here: one module recycled alone, the Gaussian
+full-data identity, the combined bound with raw data (eq. 19), invariances, pyramids (§2.3), the
+boundedness guard, and end-to-end fits (the toy concatenation of Fig. 2 and the solar data)."""
 
 import math
 from dataclasses import replace
@@ -122,7 +125,7 @@ def regression_data(num_points, low=0.0, high=6.0, noise=NOISE, seed=0):
     return X, y
 
 
-# T4: one module ----------------------------------------------------------------------------
+# One module recycled alone -----------------------------------------------------------------
 @pytest.fixture
 def single_module():
     Z = torch.linspace(0.0, 3.0, 5).unsqueeze(-1)
@@ -157,7 +160,7 @@ def test_adam_reaches_the_single_module(single_module):
     assert kl_divergence(MultivariateNormal(*unwhitened(meta)), target) < 1e-3
 
 
-# T5: Gaussian full-data identity --------------------------------------------------------------
+# Gaussian full-data identity ------------------------------------------------------------------
 def test_modules_with_shared_inducing_inputs_reproduce_the_full_data_svgp():
     X, y = regression_data(40)
     Z = torch.linspace(0.0, 6.0, 9).unsqueeze(-1)
@@ -198,7 +201,7 @@ def test_modules_at_their_data_recover_the_exact_gp():
     assert module.elbo == pytest.approx(float(evidence), rel=1e-6)
 
 
-# T6: combined bound with raw data ---------------------------------------------------------------
+# Combined bound with raw data (eq. 19) ----------------------------------------------------------
 def test_combined_bound_without_modules_is_the_svgp_elbo():
     X, y = regression_data(30)
     Z = torch.linspace(0.0, 6.0, 7).unsqueeze(-1)
@@ -268,7 +271,7 @@ def test_recycle_without_modules_fits_the_raw_data(tmp_path):
     torch.testing.assert_close(reloaded.predict_y(X_test)[0], mean, rtol=0, atol=1e-12)
 
 
-# T7: invariances --------------------------------------------------------------------------------
+# Invariances ------------------------------------------------------------------------------------
 def overlapping_free_modules():
     X, y = regression_data(36)
     partitions = torch.arange(36).reshape(4, 9)
@@ -316,7 +319,7 @@ def test_translating_every_input_leaves_predictions_unchanged():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-8)
 
 
-# T8: pyramid --------------------------------------------------------------------------------------
+# Pyramid: a recycled meta-GP recycled again -------------------------------------------------------
 def test_a_recycled_meta_gp_recovers_itself(tmp_path):
     modules = overlapping_free_modules()
     Z = torch.linspace(0.0, 6.0, 10).unsqueeze(-1)
@@ -331,9 +334,10 @@ def test_a_recycled_meta_gp_recovers_itself(tmp_path):
     assert level_one.num_data == sum(m.num_data for m in modules.values())
 
 
-# T9: boundedness guard ----------------------------------------------------------------------------
+# Boundedness guard --------------------------------------------------------------------------------
 def overlapping_unit_modules():
-    """5 overlapping modules with S_k = I and ψ = (0.3, 2) (spec §8 item 6)."""
+    """5 overlapping modules with S_k = I and ψ = (0.3, 2): each is wider than its prior, so the
+    ensemble bound (eq. 6) is unbounded above."""
     modules = {}
     for k in range(5):
         Z = torch.linspace(0.0, 1.0, 5).unsqueeze(-1) + 0.02 * k
@@ -430,6 +434,89 @@ def test_site_repair_keeps_the_site_linear_term():
     torch.testing.assert_close(b_repaired, b, rtol=1e-8, atol=1e-8)
 
 
+# The quadratic form with cached site parameters ------------------------------------------------
+def heterogeneous_modules():
+    """Modules with M_k ∈ {3, 4}, three kernel families and their own hyperparameters."""
+    generator = torch.Generator().manual_seed(3)
+    modules = {}
+    for k, (size, family) in enumerate([(3, "rbf"), (4, "matern32"), (3, "matern52"),
+                                        (4, "rbf"), (3, "matern12")]):
+        Z = 4.0 * torch.rand(size, 1, generator=generator)
+        root = 0.3 * torch.randn(size, size, generator=generator)
+        module = make_module(f"h{k}", Z, torch.randn(size, generator=generator),
+                             root @ root.T + 0.05 * torch.eye(size),
+                             lengthscale=0.5 + 0.2 * k, variance=1.0 + 0.3 * k)
+        modules[f"h{k}"] = replace(module, kernel_family=family)
+    return modules
+
+
+def test_quadratic_form_equals_the_module_by_module_scores():
+    """The bound through the cached site parameters (one K_·*, no per-module solve) equals the
+    sum of the per-module contrastive expectations (eq. 5), in value and in gradient."""
+    stack = ModuleStack.from_modules(heterogeneous_modules())
+    assert len(stack.groups) == 2
+    meta = MetaGP(stack, torch.linspace(-0.5, 4.5, 7).unsqueeze(-1),
+                  Stationary("rbf", 1, (), False, 0.8, 1.5), on_unbounded="warn")
+    set_random_q(meta)
+    gradients = []
+    for value in (lambda: meta.contrastive_sum(), lambda: meta.contrastive_terms().sum()):
+        meta.zero_grad(set_to_none=True)
+        total = value()
+        total.backward()
+        gradients.append((float(total.detach()), [p.grad.clone() for p in meta.parameters()]))
+    (fast, fast_grads), (slow, slow_grads) = gradients
+    assert fast == pytest.approx(slow, rel=1e-11)
+    assert len(fast_grads) == 5  # Z_*, lengthscale, variance, m, L
+    for a, b in zip(fast_grads, slow_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    quadratic = meta.bound_quadratic()
+    torch.testing.assert_close(
+        meta.bound().detach(),
+        (meta.contrastive_terms().sum() - meta.kl()).detach(), rtol=1e-11, atol=0)
+    precision = torch.eye(7)
+    for group, projection, _ in meta._module_terms(meta.prior_cholesky()):
+        site = group.chol @ group.chol.mT
+        prior = group.prior_chol @ group.prior_chol.mT
+        precision = precision + (projection @ (torch.linalg.inv(site) - torch.linalg.inv(prior))
+                                 @ projection.mT).sum(0)
+    torch.testing.assert_close(quadratic.precision.detach(), precision, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("sizes", [(3, 5), (20,)])
+def test_site_gram_value_and_gradient(sizes):
+    """[KᵀPK | Kᵀb] for block-diagonal P (entry-by-entry blocks up to M_k = 16, batched matrix
+    products above), against dense algebra and finite differences."""
+    from pyrogp_models.expectations import _SiteGram
+
+    generator = torch.Generator().manual_seed(0)
+    blocks = [torch.randn(4 // len(sizes) + 1, size, size, generator=generator)
+              for size in sizes]
+    blocks = [b + b.mT for b in blocks]
+    rows = sum(b.shape[0] * b.shape[1] for b in blocks)
+    cross = torch.randn(rows, 6, generator=generator, requires_grad=True)
+    shift = torch.randn(rows, generator=generator)
+    dense = torch.block_diag(*(block for group in blocks for block in group))
+    expected = torch.cat([cross.T @ dense @ cross, (cross.T @ shift).unsqueeze(-1)], -1)
+    torch.testing.assert_close(_SiteGram.apply(cross, shift, *blocks), expected)
+    assert torch.autograd.gradcheck(lambda c: _SiteGram.apply(c, shift, *blocks), (cross,))
+
+
+def test_unbounded_error_lives_in_errors_and_carries_its_findings():
+    from pyrogp_models import errors, meta_gp
+
+    assert meta_gp.UnboundedBoundError is errors.UnboundedBoundError
+    assert issubclass(errors.UnboundedBoundError, errors.PyrogpError)
+    with pytest.raises(UnboundedBoundError) as caught:
+        overlap_meta().check_bounded()
+    assert caught.value.smallest < 0
+    assert caught.value.modules == [f"o{k}" for k in range(5)]
+    assert "repair_sites=True" in str(caught.value)
+    with pytest.warns(UnboundedBoundWarning) as recorded:
+        overlap_meta(on_unbounded="warn").check_bounded()
+    assert recorded[0].message.smallest == caught.value.smallest
+    assert recorded[0].message.modules == caught.value.modules
+
+
 # Compatibility and export ---------------------------------------------------------------------
 def test_incompatible_modules_are_named(single_module):
     other = Standardisation(np.array([1.0]), np.ones(1), 0.0, 1.0)
@@ -516,7 +603,7 @@ def test_gaussian_and_bernoulli_modules_share_one_latent_function():
     assert nlpd < math.log(2) and nlpd < own_nlpd + 0.1
 
 
-# T13 / T14: end to end ----------------------------------------------------------------------------
+# End to end ---------------------------------------------------------------------------------------
 def f_bias(x):
     return (4.5 * np.cos(2 * np.pi * x + 1.5 * np.pi) - 3 * np.sin(4.3 * np.pi * x + 0.3 * np.pi)
             + 3 * x - 7.5)

@@ -148,7 +148,12 @@ def unbounded_dir(folder):
 def test_unbounded_bound_raises_or_is_repaired(capsys, folder, unbounded_dir):
     message = run_failing(capsys, "recycle", unbounded_dir, "--inducing", 8, "--steps", 5,
                           "--out", folder / "unbounded_meta")
-    assert "unbounded above" in message
+    assert "unbounded above" in message and "λ_min(Λ_w) = -" in message
+    # the command line names its own flag, not the Python API, and the under-fitted modules
+    assert "--on-unbounded repair" in message
+    assert "repair_sites" not in message and "clip_site_precisions" not in message
+    assert all(f"o{k}" in message for k in range(5))
+    assert not message.endswith("...")  # not cut by the CLI's length limit
     assert not (folder / "unbounded_meta.safetensors").exists()
 
     out = run_ok(capsys, "recycle", unbounded_dir, "--inducing", 8, "--steps", 5,
@@ -164,6 +169,32 @@ def test_unbounded_bound_can_warn(capsys, folder, unbounded_dir):
     warnings = [line for line in capsys.readouterr().err.splitlines()
                 if line.startswith("pyrogp: warning:")]
     assert len(warnings) == 1 and "unbounded above" in warnings[0]
+    assert "--on-unbounded" in warnings[0] and "repair_sites" not in warnings[0]
+
+
+def test_unbounded_collapsed_fit_names_the_flag(capsys, folder, unbounded_dir):
+    """The collapsed bound has no optimum when unbounded, so it stops even with warn."""
+    message = run_failing(capsys, "recycle", unbounded_dir, "--inducing", 8, "--steps", 5,
+                          "--collapsed", "--on-unbounded", "warn",
+                          "--out", folder / "unbounded_collapsed")
+    assert "unbounded above" in message and "--on-unbounded repair" in message
+    assert "repair_sites" not in message
+
+
+def test_unbounded_after_repair_does_not_advise_the_repair(capsys, folder, unbounded_dir,
+                                                           monkeypatch):
+    from inference.commands import recycle as command
+    from pyrogp_models.errors import UnboundedBoundError
+
+    def unbounded(*args, **kwargs):
+        raise UnboundedBoundError("Python advice: repair_sites=True", -2.5, ["o1"])
+
+    monkeypatch.setattr(command, "recycle", unbounded)
+    message = run_failing(capsys, "recycle", unbounded_dir, "--inducing", 8,
+                          "--on-unbounded", "repair", "--out", folder / "never")
+    assert "λ_min(Λ_w) = -2.5" in message and "o1" in message
+    assert "clipped (--on-unbounded repair)" in message and "rerun" not in message
+    assert "repair_sites" not in message
 
 
 def test_demo_runs_end_to_end(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 E_{N(f|m,v)}[g(f)] ≈ π^{-1/2} Σ_s w_s g(m + √(2v) x_s), with (x_s, w_s) the nodes and weights of
 the degree-S Hermite polynomial (numpy ``hermgauss``); S = 20 throughout the library.
+Gauss–Legendre nodes on [−1, 1] serve integrals split into pieces (the robust-max link).
 """
 
 from __future__ import annotations
@@ -19,6 +20,20 @@ NUM_NODES = 20
 @lru_cache(maxsize=8)
 def _hermgauss(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
     return np.polynomial.hermite.hermgauss(num_nodes)
+
+
+@lru_cache(maxsize=8)
+def _leggauss(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.polynomial.legendre.leggauss(num_nodes)
+
+
+def legendre_nodes_and_weights(like: torch.Tensor, num_nodes: int
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gauss–Legendre nodes and weights on [−1, 1] (numpy ``leggauss``), on the dtype and device
+    of ``like``: ∫_{−1}^{1} g(u) du ≈ Σ_q w_q g(u_q)."""
+    u, w = _leggauss(num_nodes)
+    return (torch.as_tensor(u, dtype=like.dtype, device=like.device),
+            torch.as_tensor(w, dtype=like.dtype, device=like.device))
 
 
 def nodes_and_log_weights(like: torch.Tensor, num_nodes: int = NUM_NODES

@@ -1,0 +1,118 @@
+"""The cached tensors of a module stack: batched prior factors, site parameters, conversions and
+the vectorised compatibility checks."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from pyrogp_models.data import Standardisation
+from pyrogp_models.errors import CholeskyError, IncompatibleModulesError
+from pyrogp_models.expectations import site_parameters
+from pyrogp_models.module import Module
+from pyrogp_models.module_stack import ModuleStack, check_compatible, clip_site_precisions
+
+IDENTITY = Standardisation(np.zeros(2), np.ones(2), 0.0, 1.0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_module(name, size, family="rbf", ard=False, jitter=1e-6, seed=0, scale=0.3,
+                  standardisation=IDENTITY, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(seed)
+    Z = torch.rand(size, 2, generator=generator, dtype=torch.float64) * 3.0
+    lengthscale = (0.5 + torch.rand(1, 2 if ard else 1, generator=generator,
+                                    dtype=torch.float64))
+    root = scale * torch.randn(size, size, generator=generator, dtype=torch.float64)
+    chol = torch.linalg.cholesky(root @ root.T + 0.05 * torch.eye(size, dtype=torch.float64))
+    return Module(family, lengthscale, torch.tensor([1.0 + seed / 10], dtype=torch.float64),
+                  "gaussian", {}, {"variance": torch.tensor(0.1, dtype=torch.float64)},
+                  Z, torch.randn(1, size, generator=generator, dtype=torch.float64),
+                  chol.unsqueeze(0), 10, 0.0, standardisation, jitter, {"name": name}).to(dtype)
+
+
+def mixed_modules():
+    """Two M_k-groups; families, ARD, jitter and hyperparameters differ within a group."""
+    spec = [("a", 3, "rbf", False, 1e-6), ("b", 4, "matern32", True, 1e-6),
+            ("c", 3, "matern52", False, 1e-5), ("d", 3, "rbf", True, 1e-6),
+            ("e", 4, "matern12", False, 1e-6), ("f", 3, "rbf", False, 1e-6)]
+    return {name: random_module(name, size, family, ard, jitter, seed=k)
+            for k, (name, size, family, ard, jitter) in enumerate(spec)}
+
+
+def test_batched_prior_factors_equal_the_modules_own():
+    modules = mixed_modules()
+    stack = ModuleStack.from_modules(modules)
+    assert [g.num_inducing for g in stack.groups] == [3, 4]
+    for group in stack.groups:
+        for name, chol in zip(group.names, group.prior_chol, strict=True):
+            torch.testing.assert_close(chol, modules[name].prior_cholesky()[0], rtol=1e-12,
+                                       atol=1e-12)
+
+
+def test_site_parameters_are_the_dense_site():
+    stack = ModuleStack.from_modules(mixed_modules())
+    for group in stack.groups:
+        S = group.chol @ group.chol.mT
+        K = group.prior_chol @ group.prior_chol.mT
+        precision = torch.linalg.inv(S) - torch.linalg.inv(K)
+        shift = torch.linalg.solve(S, group.mean.unsqueeze(-1)).squeeze(-1)
+        constant = ((group.mean * shift).sum(-1) + torch.logdet(S) - torch.logdet(K))
+        torch.testing.assert_close(group.site_precision, precision, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(group.site_shift, shift, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(group.site_constant, constant, rtol=1e-10, atol=1e-10)
+        assert torch.equal(group.site_precision, group.site_precision.mT)
+
+
+def test_repaired_groups_carry_repaired_site_parameters():
+    """``dataclasses.replace`` (the site repair) recomputes the cached site parameters."""
+    wide = {f"w{k}": random_module(f"w{k}", 3, seed=k, scale=3.0) for k in range(3)}
+    stack = ModuleStack.from_modules(wide)
+    assert stack.indefinite_sites()
+    repaired, _ = clip_site_precisions(stack)
+    for group in repaired.groups:
+        expected = site_parameters(group.mean, group.chol, group.prior_chol)
+        torch.testing.assert_close(group.site_precision, expected.precision)
+        torch.testing.assert_close(group.site_shift, expected.shift)
+        assert torch.linalg.eigvalsh(group.site_precision).min() > -1e-8
+
+
+def test_modules_are_converted_only_when_needed():
+    modules = mixed_modules()
+    stack = ModuleStack.from_modules(modules)
+    assert all(stack.modules[name] is module for name, module in modules.items())
+    single = {name: module.to(torch.float32) for name, module in modules.items()}
+    converted = ModuleStack.from_modules(single)
+    assert all(m.q_chol.dtype == torch.float64 for m in converted.modules.values())
+    assert converted.groups[0].site_precision.dtype == torch.float64
+
+
+def test_a_failing_prior_factor_names_its_module():
+    modules = mixed_modules()
+    modules["c"] = replace(modules["c"], variance=torch.tensor([-1.0], dtype=torch.float64))
+    with pytest.raises(CholeskyError, match="module 'c'"):
+        ModuleStack.from_modules(modules)
+
+
+def test_vectorised_compatibility_checks_name_the_odd_modules():
+    modules = {f"m{k}": random_module(f"m{k}", 3, seed=k) for k in range(40)}
+    shifted = Standardisation(np.array([0.0, 1e-6]), np.ones(2), 0.0, 1.0)
+    modules["m17"] = random_module("m17", 3, seed=17, standardisation=shifted)
+    with pytest.raises(IncompatibleModulesError, match="'m17' differ.*input standardisation"):
+        check_compatible(modules)
+    close = Standardisation(np.zeros(2), np.ones(2) * (1 + 1e-12), 0.0, 1.0)
+    modules["m17"] = random_module("m17", 3, seed=17, standardisation=close)
+    check_compatible(modules)  # within STANDARDISATION_RTOL
+    outputs = Standardisation(np.zeros(2), np.ones(2), 0.5, 1.0)
+    modules["m3"] = random_module("m3", 3, seed=3, standardisation=outputs)
+    modules["m30"] = random_module("m30", 3, seed=30, standardisation=outputs)
+    with pytest.raises(IncompatibleModulesError, match="'m3', 'm30' standardise their targets"):
+        check_compatible(modules)
+    check_compatible(modules, shared_output=False)
