@@ -124,7 +124,7 @@ def liu(x):
 
 #: Latent (mean, var) at x* = −0.1, 0.5, 1.05, 1.1, 1.5, computed independently in float64 numpy.
 FIG1_POINTS = [-0.1, 0.5, 1.05, 1.1, 1.5]
-FIG1_SPEC = {
+FIG1_EXPECTED = {
     ("PoE", None): [(.0480, .0098), (.0569, .0025), (-.2871, .0090), (-.1003, .0098), (0, .01)],
     ("gPoE_unif", None): [(.0480, .9792), (.0569, .2514), (-.2871, .9028), (-.1003, .9792),
                           (0, 1)],
@@ -163,7 +163,7 @@ def figure1(suffix: str) -> dict:
     inside = (grid >= 0) & (grid <= 1)
     at = [int(np.argmin(np.abs(grid - p))) for p in FIG1_POINTS]
     rows, curves = {}, {}
-    for (name, T), expected in FIG1_SPEC.items():
+    for (name, T), expected in FIG1_EXPECTED.items():
         c = combination(experts, name, T)
         m, v = (t.numpy() for t in c.combine_moments(mean, var, prior))
         label = name if T is None else f"{name} T={T}"
@@ -390,7 +390,7 @@ def report(out: dict, mode: str, suffix: str) -> str:
              "## 1. Figure 1: J = 100 experts of 3 points, fixed θ", "",
              f"![fig1](experts_fig1{suffix}.png)", "",
              "| rule | max hull violation | max \\|mean − full GP\\| in transitions | "
-             "median sd / full-GP sd in data | var at x = 1.5 | max dev. from spec §5.B |",
+             "median sd / full-GP sd in data | var at x = 1.5 | max dev. from independent numpy |",
              "|---|---|---|---|---|---|"]
     for rule, r in out["figure1"].items():
         lines.append(f"| {rule} | {r['hull_violation']:.3f} | {r['transition_error']:.3f} | "

@@ -1,16 +1,16 @@
-"""Experiments of Recyclable / Modular GPs (spec §4): markdown tables and PNGs, mean ± sd.
+"""The experiments of Recyclable / Modular GPs: markdown tables and PNGs, mean ± sd.
 
 1. Toy concatenation (paper exp. i): 5 segments of [0, 5.5], N_k = 500, f_bias, noise std 2,
-   M_k = 15, M = 35: the meta-GP against its modules and a full-data SVGP (spec T13).
+   M_k = 15, M = 35: the meta-GP against its modules and a full-data SVGP.
 2. Distributed GPs (paper Table 3): 10⁴ = 50 × 200 and 10⁵ = 5 replicas × 50 × 400 points, and
    10⁶ = 100 replicas × 50 × 200 with a two-level pyramid (100 meta-GPs of 50 modules, then one
    meta-GP of those) next to the flat meta-GP; PoE, gPoE, BCM, rBCM on the same modules; in range
    and on the paper's grid with extrapolation.
 3. Solar (paper Table 2): sunspots, K = 50 contiguous tasks, 20% test per task, y = log(1 + y)
    mean-centred, M_k = 6, M = 90, against the zero predictor and the paper's numbers (which are
-   the prior's: its script never appends the modules, spec §6.6.2).
+   the prior's: its script never appends the modules).
 4. Banana: 4 quadrant Bernoulli modules (M_k = 9) → meta-GP (M = 25) against one SVGP (M = 25);
-   the mean per-point NLPD and, for comparison, the authors' log Σ_t p_t (spec §6.6.1).
+   the mean per-point NLPD and, for comparison, the authors' log Σ_t p_t.
 5. Pixel-wise {0, 1} digits (scikit-learn ``load_digits``, 8 × 8): a "0" as 4 quadrant modules, a
    "1" as 2 halves; meta-GP over the image against one SVGP; all pixels and held-out pixels.
 6. Heterogeneous modules: one latent f, a Gaussian module on [0, 3] and a Bernoulli module on
@@ -152,7 +152,7 @@ def classification_scores(predictor, X, y) -> dict:
     prob, _ = predictor.predict_y(X)
     log_density = predictor.log_predictive(X, y).detach().numpy()
     report = metrics.classification_report(y, prob.detach().numpy(), log_density)
-    # what the authors' code reports as "nlpd" (spec §6.6.1): log Σ_t p(y_t), not a mean NLPD
+    # what the authors' code reports as "nlpd": log Σ_t p(y_t), not a mean NLPD
     report["authors_log_sum_p"] = float(np.logaddexp.reduce(log_density))
     return report
 
@@ -348,7 +348,7 @@ def experiment_distributed(s: Settings, out: Path, suffix: str) -> tuple[str, di
             "win: they fall back to the prior mean within their own short lengthscales, whereas "
             "the meta-GP and the full SVGP carry their trend 2.5 lengthscales out.\n"
             "\n\nThe paper's Table 3 (its rmse/mae include the 0.5 of extrapolation on each side "
-            "and its meta-GP NLPD uses σ = 1 where the noise std is 2, spec §6.6.5):\n",
+            "and its meta-GP NLPD uses σ = 1 where the noise std is 2):\n",
             md_table(["model", "10k nlpd", "10k rmse", "10k mae", "100k nlpd", "100k rmse",
                       "100k mae", "1m nlpd", "1m rmse", "1m mae"],
                      [[name, *values] for name, values in PAPER_TABLE3.items()])]
@@ -779,7 +779,7 @@ def experiment_multioutput(s: Settings, out: Path, suffix: str) -> tuple[str, di
 
 # Main -------------------------------------------------------------------------------------------
 AUTHOR_BUGS = """\
-What the authors' code gets wrong (spec §6.6) and what is measured here instead:
+What the authors' code gets wrong and what is measured here instead:
 
 - **Bernoulli "nlpd"** (both repositories): one logsumexp over samples × test points gives
   log Σ_t p̂(y_t), not a mean NLPD, and higher is better for it. The banana 7.21 vs 7.29 claim is

@@ -1,4 +1,5 @@
-"""Closed-form Gaussian cross-entropy and contrastive expectations (spec §7 T1–T3)."""
+"""Closed-form Gaussian cross-entropy and contrastive expectations: closed form against Monte
+Carlo, and the whitened q_C against the unwhitened one."""
 
 import numpy as np
 import pytest
