@@ -24,7 +24,9 @@ likelihood, float64 (full mode: K ∈ {10, 100, 1000}, N_k = 200, M_k = 8). Thre
    Adam is deterministic, so a separate reference run would retrace the same trajectory).
    Reported: the step and time at which the LAST partition first gets within ``rtol``
    (relative) of its own reference along the Adam trajectory, the first step at which all are
-   within it at once, and how many got there before the learning-rate drop.
+   within it at once, and how many got there before the learning-rate drop. Three runs: the
+   uncollapsed bound with q(u) learned by Adam, the uncollapsed bound with q(u) moved by
+   natural-gradient steps (γ = 1; Adam for the rest), and the collapsed (Titsias) bound.
 
 Usage::
 
@@ -65,6 +67,11 @@ from _common import (  # noqa: E402
 )
 
 from inference.local_fit import LocalFitSpec, fit_local, model_inputs, seeded_generator  # noqa: E402
+from inference.natural_gradient import (  # noqa: E402
+    natural_gradient_step,
+    variational_groups,
+    variational_parameters,
+)
 from inference.trainer import TrainConfig, train  # noqa: E402
 from pyrogp_models.local import LocalGPs  # noqa: E402
 from pyrogp_models.partition import Partition, partition_contiguous, partition_random  # noqa: E402
@@ -146,16 +153,28 @@ def build_model(X, y, partition, spec: LocalFitSpec, seed: int) -> LocalGPs:
                     generator=seeded_generator(TrainConfig(seed=seed), spec))
 
 
-def trainer_stepper(model: LocalGPs, lr: float):
-    """One Adam step on the objective :func:`inference.trainer.train` uses (Pyro's
-    TraceMeanField ELBO of model/guide). Returns (step, optimizer); step returns the loss."""
+def trainer_stepper(model: LocalGPs, lr: float, natural_gradient: float | None = None):
+    """One step as :func:`inference.trainer.train` takes it (Pyro's TraceMeanField ELBO of
+    model/guide, Adam; with ``natural_gradient`` = γ, a natural-gradient step on q(u) first and
+    Adam on the other parameters). Returns (step, optimizer); step returns the loss."""
     elbo = TraceMeanField_ELBO()
-    optimizer = torch.optim.Adam(list(model.parameters()), lr=lr)
+    params = list(model.parameters())
+    groups = None
+    if natural_gradient is not None:
+        groups = variational_groups(model)
+        natural = {id(p) for p in variational_parameters(groups)}
+        params = [p for p in params if id(p) not in natural]
+    optimizer = torch.optim.Adam(params, lr=lr)
+
+    def loss_fn():
+        return elbo.differentiable_loss(model.model, model.guide, None)
 
     def step():
+        if groups is not None:
+            natural_gradient_step(loss_fn, groups, natural_gradient)
         optimizer.zero_grad()
-        loss = elbo.differentiable_loss(model.model, model.guide, None)
-        loss.backward()
+        loss = loss_fn()
+        loss.backward(inputs=params)
         optimizer.step()
         return loss.detach()
 
@@ -311,17 +330,19 @@ def _rounds(ours: LocalGPs, config: TrainConfig, theirs_step) -> dict:
 
 
 # 3. Time to converge ------------------------------------------------------------------------
-def bench_convergence(s: Settings, kind: str, seed: int, lr: float, collapsed: bool) -> dict:
+def bench_convergence(s: Settings, kind: str, seed: int, lr: float, collapsed: bool,
+                      natural_gradient: float | None = None) -> dict:
     """One long run, Adam at ``lr`` then a polish at ``lr × polish_lr_factor``; each partition's
     reference is the best exact ELBO it reaches. Hits are read off the same (deterministic)
     trajectory, timed without the ELBO evaluations. ``collapsed``: the Titsias bound is
-    optimised and the ELBO evaluated at the optimal q(u)."""
+    optimised and the ELBO evaluated at the optimal q(u). ``natural_gradient`` = γ: q(u) of the
+    uncollapsed bound moves by natural-gradient steps of size γ, Adam fits the rest."""
     spec = LocalFitSpec(num_inducing=s.inducing, collapsed=collapsed)
     K = s.converge_k
     X, y, partition = make_problem(K, s.points, kind, s.noise_std, seed)
     model = build_model(X, y, partition, spec, seed)
     pyro.set_rng_seed(seed)
-    step, optimizer = trainer_stepper(model, lr)
+    step, optimizer = trainer_stepper(model, lr, natural_gradient)
     steps: list[int] = []
     seconds: list[float] = []
     elbos: list[torch.Tensor] = []
@@ -369,6 +390,8 @@ def bench_convergence(s: Settings, kind: str, seed: int, lr: float, collapsed: b
             "adam": history[:adam_checks].max(0).values}
     return {
         "bound": "collapsed" if collapsed else "uncollapsed",
+        "q_update": ("optimal (collapsed)" if collapsed else "Adam" if natural_gradient is None
+                     else f"natural gradient, γ = {natural_gradient:g}"),
         "K": K, "lr": lr, "rtol": s.rtol, "check_every": s.check_every,
         "reference": f"best exact ELBO of each partition over {main_steps} Adam steps at lr "
                      f"{lr:g}, {s.polish_steps} at lr {lr * s.polish_lr_factor:g} and "
@@ -515,8 +538,9 @@ def main(argv=None) -> dict:
     if "converge" not in args.skip:
         print(f"[3/3] time for all K={settings.converge_k} fits to reach ELBO within "
               f"{settings.rtol:g} of a long reference run", flush=True)
-        payload["convergence"] = [bench_convergence(settings, args.partition, args.seed, lr,
-                                                    collapsed) for collapsed in (False, True)]
+        payload["convergence"] = [
+            bench_convergence(settings, args.partition, args.seed, lr, collapsed, natural)
+            for collapsed, natural in ((False, None), (False, 1.0), (True, None))]
 
     payload["targets"] = _targets(payload)
     payload["total_seconds"] = time.perf_counter() - started
@@ -602,7 +626,8 @@ def _print_tables(payload: dict) -> None:
              f"{c['adam_final_relative_gap_median']:.1e} / {c['adam_final_relative_gap_max']:.1e}"],
             ["time per step", format_seconds(c["seconds_per_step"])],
         ]
-        print_table(rows, [f"convergence ({c['bound']} bound)", f"rtol {c['rtol']:g}"],
+        print_table(rows, [f"convergence ({c['bound']} bound, q(u): {c['q_update']})",
+                           f"rtol {c['rtol']:g}"],
                     title="Time for all fits to reach their reference ELBO")
         print()
     for name, t in payload.get("targets", {}).items():

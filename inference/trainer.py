@@ -6,6 +6,11 @@ several models live in one process). Optimisers: Adam, or full-batch L-BFGS with
 line search. Losses stay on the device and are read back only once per convergence window, so the
 loop does not synchronise with an accelerator at every step.
 
+With ``natural_gradient_lr`` set, q(u) of every :class:`~pyrogp_models.svgp.BatchedSVGP` group is
+updated by a natural-gradient step of that size (:mod:`inference.natural_gradient`) and the
+optimiser then takes one step on every other parameter, at the new q(u); the recorded loss is the
+one of that optimiser step. Each of the two evaluates the loss (with minibatches, on its own draw).
+
 Convergence: stop when the mean loss of the last ``window`` steps differs from that of the window
 before by less than ``tol`` relative. Checkpoints (safetensors + JSON, written atomically) hold
 the parameters, the optimiser state, the step, the loss history and the random state, so a fit
@@ -26,6 +31,11 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 from tqdm import tqdm
 
+from inference.natural_gradient import (
+    natural_gradient_step,
+    variational_groups,
+    variational_parameters,
+)
 from pyrogp_models.module_io import atomic_write
 
 pyro.settings.set(module_local_params=True)
@@ -33,7 +43,9 @@ pyro.settings.set(module_local_params=True)
 
 @dataclass
 class TrainConfig:
-    """How to train. ``steps`` is the maximum number of optimiser steps."""
+    """How to train. ``steps`` is the maximum number of optimiser steps. ``natural_gradient_lr``:
+    step size γ of a natural-gradient step on q(u) before every optimiser step (None: q(u) is
+    optimised with the other parameters)."""
 
     optimizer: str = "adam"
     lr: float = 0.05
@@ -45,10 +57,14 @@ class TrainConfig:
     checkpoint: str | Path | None = None
     checkpoint_every: int = 500
     resume: bool = False
+    natural_gradient_lr: float | None = None
 
     def __post_init__(self):
         if self.optimizer not in ("adam", "lbfgs"):
             raise ValueError(f"unknown optimizer '{self.optimizer}'; choose adam or lbfgs")
+        gamma = self.natural_gradient_lr
+        if gamma is not None and not 0.0 < gamma <= 1.0:
+            raise ValueError(f"natural_gradient_lr must be in (0, 1], got {gamma}")
 
 
 @dataclass
@@ -86,6 +102,11 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     config = config or TrainConfig()
     elbo = TraceMeanField_ELBO()
     params = list(module.parameters())
+    groups = None
+    if config.natural_gradient_lr is not None:
+        groups = variational_groups(module)
+        natural = {id(p) for p in variational_parameters(groups)}
+        params = [p for p in params if id(p) not in natural]
     optimizer = _make_optimizer(config, params)
     result = TrainResult()
     start = 0
@@ -94,10 +115,13 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     elif config.seed is not None:
         pyro.set_rng_seed(config.seed)
 
+    def loss_fn():
+        return elbo.differentiable_loss(module.model, module.guide, *args, **kwargs)
+
     def closure():
         optimizer.zero_grad()
-        loss = elbo.differentiable_loss(module.model, module.guide, *args, **kwargs)
-        loss.backward()
+        loss = loss_fn()
+        loss.backward(inputs=None if groups is None else params)  # q(u): natural step
         return loss
 
     reference = params[0] if params else torch.zeros(())
@@ -109,6 +133,8 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     step = start
     try:
         while step < config.steps:
+            if groups is not None:
+                natural_gradient_step(loss_fn, groups, config.natural_gradient_lr)
             if config.optimizer == "adam":
                 loss = closure()
                 optimizer.step()

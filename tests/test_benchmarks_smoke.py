@@ -59,7 +59,9 @@ def test_local_fit_benchmark_quick(tmp_path):
         # same objective at the same initial point (up to the two libraries' jitter)
         assert math.isclose(row["first_loss_ours"], row["first_loss_gpytorch"], rel_tol=5e-3)
 
-    assert [c["bound"] for c in payload["convergence"]] == ["uncollapsed", "collapsed"]
+    assert [(c["bound"], c["q_update"]) for c in payload["convergence"]] == [
+        ("uncollapsed", "Adam"), ("uncollapsed", "natural gradient, γ = 1"),
+        ("collapsed", "optimal (collapsed)")]
     for converge in payload["convergence"]:
         for key in ("K", "rtol", "adam_steps", "adam_seconds", "seconds_per_step",
                     "partitions_within", "lbfgs_reference_evaluations"):

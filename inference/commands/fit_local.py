@@ -59,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
     parser.add_argument("--steps", type=int, default=1000, help="maximum optimiser steps")
     parser.add_argument("--lr", type=float, default=0.05, help="Adam learning rate")
+    parser.add_argument("--natural-gradient", type=float, metavar="GAMMA",
+                        help="before every Adam step, move each q(u) by a natural-gradient step "
+                             "of size GAMMA in (0, 1]; Adam then fits the other parameters "
+                             "(gaussian: 1 puts q(u) at its optimum; not with --collapsed)")
     parser.add_argument("--batch-size", type=int, metavar="B", help="minibatch size per partition")
     parser.add_argument("--collapsed", action="store_true",
                         help="train on the collapsed bound (gaussian only)")
@@ -76,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.inducing < 1:
         raise DataError(f"--inducing must be at least 1, got {args.inducing}")
+    if args.natural_gradient is not None:
+        if not 0.0 < args.natural_gradient <= 1.0:
+            raise DataError(f"--natural-gradient must be in (0, 1], got {args.natural_gradient:g}")
+        if args.collapsed:
+            raise DataError("--natural-gradient moves q(u) of the uncollapsed bound; with "
+                            "--collapsed q(u) is optimal already: give one of the two")
     check_output_folder(args.out)
     table = load_table(args.data)
     partition_column = None if args.partition_by in PARTITION_KINDS else args.partition_by
@@ -88,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         collapsed=args.collapsed, batch_size=args.batch_size,
         dtype=torch.float32 if args.float32 else torch.float64)
     config = TrainConfig(lr=args.lr, steps=args.steps, seed=args.seed,
-                         progress=sys.stderr.isatty())
+                         progress=sys.stderr.isatty(), natural_gradient_lr=args.natural_gradient)
     fit = fit_local_on(X, y, partition, spec, config, workers=args.workers,
                        scheduler=args.scheduler)
     info = {"features": features, "target": args.target}

@@ -1,0 +1,237 @@
+"""Natural-gradient steps on q(u): exact identities for a Gaussian likelihood, convergence for a
+Bernoulli one, batching, and the trainer / command-line option."""
+
+import numpy as np
+import pytest
+import torch
+from pyro.infer import TraceMeanField_ELBO
+
+from inference.cli import main
+from inference.local_fit import LocalFitSpec, fit_local
+from inference.natural_gradient import (
+    natural_gradient_step,
+    variational_groups,
+    variational_parameters,
+)
+from inference.trainer import TrainConfig, train
+from pyrogp_models.collapsed import collapsed_bound
+from pyrogp_models.local import LocalGPs
+from pyrogp_models.partition import Partition
+
+SIZES = (9, 14, 21)  # unequal partitions: padding and masks
+
+
+def data(likelihood: str, sizes=SIZES, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.rand(sum(sizes), 1, generator=generator) * 6.0
+    f = torch.sin(2.0 * x[:, 0])
+    if likelihood == "gaussian":
+        y = f + 0.2 * torch.randn(len(x), generator=generator)
+    elif likelihood == "bernoulli":
+        y = (torch.rand(len(x), generator=generator) < torch.sigmoid(3.0 * f)).double()
+    else:
+        y = (torch.bucketize(f + 0.3 * torch.randn(len(x), generator=generator),
+                             torch.tensor([-0.4, 0.4]))).double()
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    return x, y, Partition(labels, {"kind": "random", "num_partitions": len(sizes)})
+
+
+def options(likelihood: str) -> dict:
+    return {"num_classes": 3, "link": "robustmax"} if likelihood == "categorical" else {}
+
+
+def local_model(likelihood: str, num_inducing=(4, 6, 4), sizes=SIZES, inducing=None):
+    x, y, partition = data(likelihood, sizes)
+    return LocalGPs(x, y, partition, list(num_inducing), likelihood, options(likelihood),
+                    inducing_init="grid", inducing=inducing)
+
+
+def loss_fn(model):
+    elbo = TraceMeanField_ELBO()
+    return lambda: elbo.differentiable_loss(model.model, model.guide, None)
+
+
+def perturb_q(model, seed: int = 1) -> None:
+    """A random q(v) in every group, away from the prior."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for svgp in model.svgps:
+            shape = svgp.q_mean.shape
+            svgp.q_mean = torch.randn(shape, generator=generator)
+            A = 0.3 * torch.randn(*shape, shape[-1], generator=generator)
+            svgp.q_sqrt = torch.linalg.cholesky(A @ A.mT + 0.2 * torch.eye(shape[-1]))
+
+
+def collapsed_bounds(model) -> torch.Tensor:
+    out = torch.empty(model.num_partitions)
+    with torch.no_grad():
+        for svgp, members in zip(model.svgps, model.group_members, strict=True):
+            out[members] = collapsed_bound(svgp, svgp.data_X, svgp.data_y, svgp.data_mask)
+    return out
+
+
+def q_state(model) -> list[torch.Tensor]:
+    return [t.detach().clone() for s in model.svgps for t in (s.q_mean, s.q_sqrt)]
+
+
+@pytest.fixture
+def gaussian_model():
+    """Two groups (M = 4, 6), hyperparameters and q moved away from their initial values."""
+    model = local_model("gaussian")
+    train(model, None, config=TrainConfig(steps=10, lr=0.1, tol=None))
+    perturb_q(model)
+    return model
+
+
+def test_one_unit_step_attains_the_collapsed_bound(gaussian_model):
+    model = gaussian_model
+    hyper = {k: v.clone() for k, v in model.state_dict().items() if "q_" not in k}
+    bound = collapsed_bounds(model)
+    before = model.elbo()
+    assert bool((before < bound - 1.0).all())
+    natural_gradient_step(loss_fn(model), variational_groups(model), 1.0)
+    assert torch.allclose(model.elbo(), bound, rtol=1e-8, atol=0)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in hyper.items())
+
+
+def test_a_second_unit_step_is_a_fixed_point(gaussian_model):
+    model = gaussian_model
+    groups = variational_groups(model)
+    natural_gradient_step(loss_fn(model), groups, 1.0)
+    first = q_state(model)
+    natural_gradient_step(loss_fn(model), groups, 1.0)
+    for a, b in zip(first, q_state(model), strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-8)
+
+
+def test_partial_steps_converge_geometrically_to_the_collapsed_bound(gaussian_model):
+    """Gaussian: the natural parameters move a fraction γ of the way to the optimum each step."""
+    model = gaussian_model
+    bound = collapsed_bounds(model)
+    gaps = []
+    for _ in range(30):
+        natural_gradient_step(loss_fn(model), variational_groups(model), 0.5)
+        gaps.append(float((bound - model.elbo()).max()))
+    assert all(b < a for a, b in zip(gaps, gaps[1:], strict=False) if a > 1e-9)
+    assert gaps[-1] < 1e-6
+
+
+def gradient_of_mean(model) -> float:
+    loss = loss_fn(model)()
+    grads = torch.autograd.grad(loss, [s.q_mean_unconstrained for s in model.svgps])
+    return max(float(g.abs().max()) for g in grads)
+
+
+@pytest.mark.parametrize("gamma", [0.5, 1.0])
+def test_bernoulli_natural_steps_reach_a_stationary_point_long_before_adam(gamma):
+    model = local_model("bernoulli")
+    groups = variational_groups(model)
+    elbos = [model.elbo().sum().item()]
+    steps = 0
+    while gradient_of_mean(model) > 1e-6:
+        natural_gradient_step(loss_fn(model), groups, gamma)
+        elbos.append(model.elbo().sum().item())
+        steps += 1
+        assert steps <= (25 if gamma == 0.5 else 6)
+    assert all(b >= a for a, b in zip(elbos, elbos[1:], strict=False))
+    assert elbos[-1] > elbos[0] + 1.0
+
+    adam_model = local_model("bernoulli")
+    optimizer = torch.optim.Adam(variational_parameters(variational_groups(adam_model)), lr=0.05)
+    loss = loss_fn(adam_model)
+    for _ in range(100):  # four times as many steps as the slowest natural-gradient run
+        optimizer.zero_grad()
+        loss().backward()
+        optimizer.step()
+    assert gradient_of_mean(adam_model) > 1e-3
+    assert adam_model.elbo().sum().item() < elbos[-1]
+
+
+@pytest.mark.parametrize("likelihood", ["gaussian", "bernoulli", "categorical"])
+def test_a_batched_step_equals_steps_on_each_partition_alone(likelihood):
+    batched = local_model(likelihood, num_inducing=(5, 5, 5))
+    perturb_q(batched)
+    before = {key: value.clone() for key, value in batched.state_dict().items()
+              if "data_" not in key}
+    natural_gradient_step(loss_fn(batched), variational_groups(batched), 0.7)
+    svgp = batched.svgps[0]
+    x, y, partition = data(likelihood)
+    for k in range(len(SIZES)):
+        index = torch.as_tensor(partition.indices(k))
+        alone = LocalGPs(x[index], y[index], Partition(np.zeros(len(index), dtype=np.int64),
+                                                       {"kind": "random", "num_partitions": 1}),
+                         5, likelihood, options(likelihood), inducing=[svgp.inducing[k].detach()])
+        alone.load_state_dict({**alone.state_dict(),
+                               **{key: value[k:k + 1] for key, value in before.items()}})
+        natural_gradient_step(loss_fn(alone), variational_groups(alone), 0.7)
+        assert torch.allclose(alone.svgps[0].q_mean, svgp.q_mean[k:k + 1], rtol=0, atol=1e-10)
+        assert torch.allclose(alone.svgps[0].q_sqrt, svgp.q_sqrt[k:k + 1], rtol=0, atol=1e-10)
+
+
+def test_training_with_natural_steps_beats_adam_after_few_steps():
+    x, y, partition = data("gaussian", sizes=(30, 45, 60))
+    spec = LocalFitSpec(num_inducing=6)
+    adam = fit_local(x.numpy(), y.numpy(), partition, spec, TrainConfig(steps=30, tol=None))
+    natural = fit_local(x.numpy(), y.numpy(), partition, spec,
+                        TrainConfig(steps=30, tol=None, natural_gradient_lr=1.0))
+    assert natural.result.steps == adam.result.steps == 30
+    gain = natural.model.elbo() - adam.model.elbo()
+    assert bool((gain > 1.0).all())
+
+
+def test_the_recorded_loss_is_taken_after_the_natural_step():
+    """Gaussian, γ = 1: the loss of the first optimiser step is minus the collapsed bound at the
+    initial hyperparameters."""
+    model = local_model("gaussian")
+    bound = collapsed_bounds(model).sum()
+    result = train(model, None, config=TrainConfig(steps=1, tol=None, natural_gradient_lr=1.0))
+    assert result.losses[0] == pytest.approx(-float(bound), rel=1e-10)
+
+
+def test_natural_steps_resume_from_a_checkpoint(tmp_path):
+    def config(**kwargs):
+        return TrainConfig(**{"steps": 12, "tol": None, "natural_gradient_lr": 0.8,
+                              "checkpoint": tmp_path / "fit.safetensors", **kwargs})
+
+    whole = local_model("bernoulli")
+    reference = train(whole, None, config=TrainConfig(steps=12, tol=None,
+                                                      natural_gradient_lr=0.8))
+    first = local_model("bernoulli")
+    train(first, None, config=config(checkpoint_every=5, steps=5))
+    resumed = local_model("bernoulli")
+    result = train(resumed, None, config=config(resume=True))
+    assert result.steps == 12
+    assert result.losses == pytest.approx(reference.losses, rel=1e-12)
+    for key, value in whole.state_dict().items():
+        assert torch.allclose(resumed.state_dict()[key], value, rtol=1e-10, atol=1e-12), key
+
+
+def test_natural_gradients_need_uncollapsed_svgp_groups():
+    x, y, partition = data("gaussian")
+    collapsed = LocalGPs(x, y, partition, 4, collapsed=True)
+    with pytest.raises(ValueError, match="collapsed"):
+        train(collapsed, None, config=TrainConfig(steps=1, natural_gradient_lr=1.0))
+    with pytest.raises(ValueError, match="BatchedSVGP"):
+        variational_groups(torch.nn.Linear(2, 2))
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="natural_gradient_lr"):
+            TrainConfig(natural_gradient_lr=bad)
+
+
+def test_fit_local_command_takes_a_natural_gradient_step_size(capsys, tmp_path):
+    x, y, _ = data("gaussian", sizes=(40, 40))
+    path = tmp_path / "data.csv"
+    np.savetxt(path, np.column_stack([x[:, 0].numpy(), y.numpy()]), delimiter=",",
+               header="x,y", comments="")
+    common = ["fit-local", str(path), "--target", "y", "--partitions", "2", "--inducing", "5",
+              "--steps", "10"]
+    assert main([*common, "--natural-gradient", "1", "--out", str(tmp_path / "ng")]) == 0
+    assert "2 modules" in capsys.readouterr().out
+    assert main([*common, "--natural-gradient", "2", "--out", str(tmp_path / "bad")]) != 0
+    error = capsys.readouterr().err
+    assert "--natural-gradient" in error and len(error.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
+    assert main([*common, "--natural-gradient", "1", "--collapsed",
+                 "--out", str(tmp_path / "both")]) != 0
+    assert "--collapsed" in capsys.readouterr().err
+    assert not (tmp_path / "both").exists()
