@@ -13,9 +13,11 @@ from inference.natural_gradient import (
     variational_groups,
     variational_parameters,
 )
+from inference.recycle import recycle
 from inference.trainer import TrainConfig, train
 from pyrogp_models.collapsed import collapsed_bound
 from pyrogp_models.local import LocalGPs
+from pyrogp_models.module_stack import ModuleStack
 from pyrogp_models.partition import Partition
 
 SIZES = (9, 14, 21)  # unequal partitions: padding and masks
@@ -235,3 +237,18 @@ def test_fit_local_command_takes_a_natural_gradient_step_size(capsys, tmp_path):
                  "--out", str(tmp_path / "both")]) != 0
     assert "--collapsed" in capsys.readouterr().err
     assert not (tmp_path / "both").exists()
+
+
+@pytest.mark.parametrize("likelihood", ["gaussian", "bernoulli"])
+def test_modules_fitted_with_unit_natural_steps_can_be_recycled(likelihood):
+    """After a unit step the whitened S is ≤ I (P' = I − 2∂E/∂S for a log-concave likelihood), so
+    every module's site precision S_k⁻¹ − K_kk⁻¹ is positive semi-definite and the ensemble bound
+    of the modules is bounded, however few steps were taken."""
+    x, y, partition = data(likelihood, sizes=(30, 45, 60))
+    fit = fit_local(x.numpy(), y.numpy(), partition, LocalFitSpec(num_inducing=6,
+                                                                  likelihood=likelihood),
+                    TrainConfig(steps=3, tol=None, natural_gradient_lr=1.0))
+    assert ModuleStack.from_modules(fit.modules).indefinite_sites() == []
+    meta = recycle(fit.modules, num_inducing=8, collapsed=True,
+                   config=TrainConfig(optimizer="lbfgs", lr=1.0, steps=2)).meta
+    assert meta.check_bounded() > 0
