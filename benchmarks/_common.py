@@ -167,6 +167,22 @@ def format_seconds(seconds: float | None) -> str:
     return f"{seconds:.3g} s"
 
 
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """The lines of a Markdown table: the header row, its separator, then one line per row."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows)]
+
+
+def agg_pyplot():
+    """matplotlib's pyplot on the Agg backend: the scripts only write image files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], title: str | None = None
                 ) -> str:
     """Print (and return) a plain-text table with right-aligned columns."""

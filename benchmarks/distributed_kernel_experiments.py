@@ -23,17 +23,14 @@ import math
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import distributed_kernel as bench  # noqa: E402
+from _common import agg_pyplot, markdown_table  # noqa: E402
 
 from inference.distributed_kernel_fit import (  # noqa: E402
     DistributedKernelFitConfig,
@@ -49,6 +46,7 @@ from pyrogp_models.distributed_kernel.regions import Regions  # noqa: E402
 from pyrogp_models.kernels import RBF  # noqa: E402
 from pyrogp_models.likelihoods import make_likelihood  # noqa: E402
 
+plt = agg_pyplot()
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -291,42 +289,43 @@ def experiment_boundary_variance(m=12):
 
 def markdown(report) -> str:
     lines = ["# Distributed-kernel sparse GP: experiments", ""]
-    lines += ["## 1. 1-D demo (n = 200, 15 inducing inputs in all)", "",
-              "| J × m | bound, Z fixed | bound, Z optimised | exact log p(y) | ℓ | σ² |",
-              "|---|---|---|---|---|---|"]
-    for r in report["demo"]:
-        lines.append(f"| {r['J']} × {r['m']} | {r['bound_before']:.2f} | {r['bound_after']:.2f} "
-                     f"| {r['exact_log_marginal']:.2f} | {r['lengthscale']:.3f} | "
-                     f"{r['noise']:.4f} |")
+    lines += ["## 1. 1-D demo (n = 200, 15 inducing inputs in all)", ""]
+    lines += markdown_table(
+        ["J × m", "bound, Z fixed", "bound, Z optimised", "exact log p(y)", "ℓ", "σ²"],
+        [[f"{r['J']} × {r['m']}", f"{r['bound_before']:.2f}", f"{r['bound_after']:.2f}",
+          f"{r['exact_log_marginal']:.2f}", f"{r['lengthscale']:.3f}", f"{r['noise']:.4f}"]
+         for r in report["demo"]])
     split = report["kernel_split"]
     lines += ["", "![demo](dk_demo_1d.png)", "", "## 2. Kernel split of the slides", "",
               f"max |Σ_j K_j − K| = {split['max_abs_sum_error']:.1e}; smallest "
               f"λ_min/λ_max over the K_j = {split['min_relative_eigenvalue']:.1e}.", "",
               "![split](dk_kernel_split.png)", "",
-              "## 3. Long series at equal wall time", "",
-              "| data | model | M | steps | seconds | test NLPD | test RMSE | ℓ | σ² |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for r in report["long_series"]:
-        lines.append(f"| {r['data']} | {r['model']} | {r['M']} | {r['steps']} | "
-                     f"{r['seconds']:.1f} | {r['nlpd']:.3f} | {r['rmse']:.4f} | "
-                     f"{r['lengthscale']:.3f} | {r['noise']:.4f} |")
+              "## 3. Long series at equal wall time", ""]
+    lines += markdown_table(
+        ["data", "model", "M", "steps", "seconds", "test NLPD", "test RMSE", "ℓ", "σ²"],
+        [[r["data"], r["model"], r["M"], r["steps"], f"{r['seconds']:.1f}", f"{r['nlpd']:.3f}",
+          f"{r['rmse']:.4f}", f"{r['lengthscale']:.3f}", f"{r['noise']:.4f}"]
+         for r in report["long_series"]])
     b = report["boundary_variance"]
     lines += ["", "![long series](dk_long_series.png)", "",
               "## 4. Boundary variance inflation of mean-field (n = 300 GP draw, J = 4, m = 12)",
-              "", "| quantity | value |", "|---|---|",
-              f"| exact log p(y) | {b['exact_log_marginal']:.3f} |",
-              f"| joint collapsed bound | {b['bound_joint']:.3f} |",
-              f"| mean-field collapsed bound | {b['bound_meanfield']:.3f} |",
-              f"| max var ratio mean-field / exact | {b['max_variance_ratio_meanfield']:.3f} |",
-              f"| max var ratio joint / exact | {b['max_variance_ratio_joint']:.4f} |",
-              f"| median ratio mean-field / exact, > 1ℓ from cuts | "
-              f"{b['median_ratio_meanfield_inside']:.4f} |",
-              f"| var at x = 0: exact / MF / joint | {b['at_cut_0']['exact']:.5f} / "
-              f"{b['at_cut_0']['meanfield']:.5f} / {b['at_cut_0']['joint']:.5f} |",
-              f"| max |mean MF (backfitting, {b['backfitting_sweeps']} sweeps) − mean joint| | "
-              f"{b['max_abs_mean_difference_mf_joint']:.1e} |", "",
-              "| J (n = 400, 48 inducing in all) | mean-field gap (nats) |", "|---|---|"]
-    lines += [f"| {g['J']} × {g['m']} | {g['gap_nats']:.3f} |" for g in b["meanfield_gap_by_J"]]
+              ""]
+    lines += markdown_table(["quantity", "value"], [
+        ["exact log p(y)", f"{b['exact_log_marginal']:.3f}"],
+        ["joint collapsed bound", f"{b['bound_joint']:.3f}"],
+        ["mean-field collapsed bound", f"{b['bound_meanfield']:.3f}"],
+        ["max var ratio mean-field / exact", f"{b['max_variance_ratio_meanfield']:.3f}"],
+        ["max var ratio joint / exact", f"{b['max_variance_ratio_joint']:.4f}"],
+        ["median ratio mean-field / exact, > 1ℓ from cuts",
+         f"{b['median_ratio_meanfield_inside']:.4f}"],
+        ["var at x = 0: exact / MF / joint", f"{b['at_cut_0']['exact']:.5f} / "
+         f"{b['at_cut_0']['meanfield']:.5f} / {b['at_cut_0']['joint']:.5f}"],
+        [f"max |mean MF (backfitting, {b['backfitting_sweeps']} sweeps) − mean joint|",
+         f"{b['max_abs_mean_difference_mf_joint']:.1e}"]])
+    lines += [""]
+    lines += markdown_table(["J (n = 400, 48 inducing in all)", "mean-field gap (nats)"],
+                            [[f"{g['J']} × {g['m']}", f"{g['gap_nats']:.3f}"]
+                             for g in b["meanfield_gap_by_J"]])
     lines += ["", "![variance](dk_boundary_variance.png)", ""]
     return "\n".join(lines)
 

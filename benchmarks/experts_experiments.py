@@ -38,18 +38,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _common import RESULTS_DIR, machine_info, write_json  # noqa: E402
+from _common import RESULTS_DIR, agg_pyplot, machine_info, write_json  # noqa: E402
 
 from inference.experts_fit import fit_exact_experts  # noqa: E402
 from inference.local_fit import LocalFitSpec, fit_local  # noqa: E402
@@ -68,6 +64,8 @@ from pyrogp_models.partition import (  # noqa: E402
     partition_kmeans,
     partition_random,
 )
+
+plt = agg_pyplot()
 
 SETTINGS = {
     "full": dict(seeds=3, full_gp_max=1000, svgp_max=500, svgp_steps=3, banana_steps=300,

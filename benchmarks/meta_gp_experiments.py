@@ -32,19 +32,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import meta_gp as bench  # noqa: E402
-from _common import RESULTS_DIR, machine_info, write_json  # noqa: E402
+from _common import RESULTS_DIR, agg_pyplot, machine_info, write_json  # noqa: E402
 
 from inference import metrics  # noqa: E402
 from inference.local_fit import LocalFitSpec, fit_local  # noqa: E402
@@ -58,6 +54,7 @@ from pyrogp_models.module import Module  # noqa: E402
 from pyrogp_models.partition import Partition, partition_by_label  # noqa: E402
 from pyrogp_models.routed import RoutedModules  # noqa: E402
 
+plt = agg_pyplot()
 LBFGS = TrainConfig(optimizer="lbfgs", lr=1.0, steps=15, window=5, tol=1e-7)
 BASELINES = bench.BASELINES
 HEALED = ("gPoE_var", "BAR_var_w2")

@@ -1,8 +1,12 @@
-"""Shared test settings: float64 by default, module-local Pyro parameters, fixed seeds."""
+"""Shared test settings: float64 by default, module-local Pyro parameters, fixed seeds, one torch
+thread; a scratch-folder fixture for the modules that ask for it."""
 
 import pyro
 import pytest
 import torch
+
+# helpers.py holds asserting helpers shared by several test modules: rewrite its asserts too.
+pytest.register_assert_rewrite("helpers")
 
 pyro.settings.set(module_local_params=True)
 # The test problems are small: one thread avoids hand-off costs that dominate on a busy machine.
@@ -16,3 +20,19 @@ def float64_and_seed():
     pyro.set_rng_seed(0)
     yield
     torch.set_default_dtype(previous)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One intra-op torch thread in every test, also after a test that changed it (the CLI's
+    --threads): the problems are tiny, and thread hand-offs on a busy machine cost more than the
+    arithmetic."""
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def folder(request, tmp_path_factory):
+    """A scratch folder shared by the tests of one module, named after the module."""
+    return tmp_path_factory.mktemp(request.module.__name__.removeprefix("test_"))

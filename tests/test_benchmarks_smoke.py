@@ -2,27 +2,15 @@
 
 import json
 import math
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "local_fit.py"
+from helpers import run_quick_benchmark
+
 BUDGET_SECONDS = 40.0
 
 
 def test_local_fit_benchmark_quick(tmp_path):
     out = tmp_path / "local_fit_quick.json"
-    start = time.perf_counter()
-    completed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=BUDGET_SECONDS)
-    elapsed = time.perf_counter() - start
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    assert elapsed < BUDGET_SECONDS
-
-    stdout = completed.stdout
+    stdout = run_quick_benchmark("local_fit.py", out, BUDGET_SECONDS)
     assert "Batched fit vs loop of single fits" in stdout
     assert "Time per optimiser step" in stdout
     assert "Time for all fits to reach their reference ELBO" in stdout

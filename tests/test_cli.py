@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import run_failing, run_ok, write_csv
 from inference.cli import main
 from pyrogp_models.data import load_table
 from pyrogp_models.errors import DataError
@@ -17,24 +18,6 @@ from pyrogp_models.module_io import INDEX_NAME, load_modules, read_index
 FAST = ["--inducing", "5", "--steps", "15"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny problems run fastest single-threaded (and do not fight other processes)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def write_csv(path, columns: dict[str, np.ndarray]):
-    np.savetxt(path, np.column_stack(list(columns.values())), delimiter=",",
-               header=",".join(columns), comments="")
-    return path
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return tmp_path_factory.mktemp("cli")
 
 
 @pytest.fixture(scope="module")
@@ -60,23 +43,6 @@ def contiguous_modules(folder, regression_csv):
                  "--partitions", "3", "--partition-by", "contiguous", *FAST, "--out", str(out)])
     assert code == 0
     return out
-
-
-def run_ok(capsys, *argv) -> str:
-    capsys.readouterr()
-    assert main([str(arg) for arg in argv]) == 0
-    return capsys.readouterr().out
-
-
-def run_failing(capsys, *argv) -> str:
-    """Run a command that must fail; returns its one-line error message."""
-    capsys.readouterr()
-    code = main([str(arg) for arg in argv])
-    captured = capsys.readouterr()
-    assert code == 2
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pyrogp: error: "), captured.err
-    return lines[0]
 
 
 def test_fit_info_predict_evaluate_round_trip(capsys, folder, regression_csv,

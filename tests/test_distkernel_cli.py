@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from helpers import run_failing, run_ok, write_csv
 from inference.cli import main
 from inference.distributed_kernel_fit import DistributedKernelFitConfig, fit_distributed_kernel
 from inference.local_fit import LocalFitSpec, fit_local
@@ -34,34 +35,6 @@ from pyrogp_models.partition import partition_contiguous
 from pyrogp_models.routed import ModulePredictor, Predictor, load_predictor
 
 FIT = ["--inducing-per-region", "6", "--steps", "40"]
-
-
-def write_csv(path, columns: dict[str, np.ndarray]):
-    np.savetxt(path, np.column_stack(list(columns.values())), delimiter=",",
-               header=",".join(columns), comments="")
-    return path
-
-
-def run_ok(capsys, *argv) -> str:
-    capsys.readouterr()
-    assert main([str(arg) for arg in argv]) == 0
-    return capsys.readouterr().out
-
-
-def run_failing(capsys, *argv) -> str:
-    """Run a command that must fail; returns its one-line error message."""
-    capsys.readouterr()
-    code = main([str(arg) for arg in argv])
-    captured = capsys.readouterr()
-    assert code == 2
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pyrogp: error: "), captured.err
-    return lines[0]
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return tmp_path_factory.mktemp("distkernel_cli")
 
 
 @pytest.fixture(scope="module")

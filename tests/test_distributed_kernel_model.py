@@ -27,13 +27,6 @@ from pyrogp_models.svgp import BatchedSVGP
 NOISE = 0.05
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small tensors: one intra-op thread avoids thread-pool stalls on a busy 2-core machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def se_numpy(X, Z, ell=1.0, variance=1.0):

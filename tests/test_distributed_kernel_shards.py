@@ -17,14 +17,6 @@ from pyrogp_models.distributed_kernel.shards import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def series_model(seed=0, n=500, num_regions=5):
     generator = torch.Generator().manual_seed(seed)
     X = (torch.rand(n, 1, generator=generator) * 40).sort(0).values

@@ -1,20 +1,11 @@
 """Greedy tree partitions: admissible splits, a true partition, and the split that pays most."""
 
-import pytest
 import torch
 
 from pyrogp_models.distributed_kernel import collapsed
 from pyrogp_models.distributed_kernel.construct import build_distributed_kernel_gp
 from pyrogp_models.distributed_kernel.tree import greedy_tree
 from pyrogp_models.distributed_kernel.windows import window
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def data(n=500, seed=0):

@@ -2,7 +2,6 @@
 Carlo, and the whitened q_C against the unwhitened one."""
 
 import numpy as np
-import pytest
 import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 
@@ -17,16 +16,6 @@ from pyrogp_models.kernels import Stationary, stationary_covariance
 from pyrogp_models.meta_gp import MetaGP
 from pyrogp_models.module import Module
 from pyrogp_models.module_stack import ModuleStack
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: on a loaded machine, intra-op thread hand-offs cost more than the
-    arithmetic."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def random_chol(size, *batch, scale=1.0):

@@ -6,28 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import write_csv
 from inference.cli import main
 from pyrogp_models.data import load_table
 from pyrogp_models.module_io import SUFFIX, load_modules, read_index
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def write_csv(path, columns: dict[str, np.ndarray]):
-    np.savetxt(path, np.column_stack(list(columns.values())), delimiter=",",
-               header=",".join(columns), comments="")
-    return path
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return tmp_path_factory.mktemp("experts_cli")
 
 
 @pytest.fixture(scope="module")

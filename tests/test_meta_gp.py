@@ -27,17 +27,6 @@ from pyrogp_models.module_stack import ModuleStack, clip_site_precisions
 from pyrogp_models.partition import Partition, partition_contiguous
 from pyrogp_models.svgp import BatchedSVGP
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: on a loaded machine, intra-op thread hand-offs cost more than the
-    arithmetic."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 IDENTITY = Standardisation(np.zeros(1), np.ones(1), 0.0, 1.0)
 LENGTHSCALE, VARIANCE, NOISE, JITTER = 0.7, 1.3, 0.2, 1e-9
 

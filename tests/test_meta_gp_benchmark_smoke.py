@@ -1,13 +1,9 @@
 """Smoke test: ``benchmarks/meta_gp.py --quick`` runs quickly and writes the expected JSON."""
 
 import json
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "meta_gp.py"
+from helpers import run_quick_benchmark
+
 BUDGET_SECONDS = 40.0
 REGIONS = ("in_range", "extrapolation", "all")
 SCORES = ("rmse_f", "mae_f", "nlpd", "coverage95")
@@ -15,15 +11,9 @@ SCORES = ("rmse_f", "mae_f", "nlpd", "coverage95")
 
 def test_meta_gp_benchmark_quick(tmp_path):
     out = tmp_path / "meta_gp_quick.json"
-    start = time.perf_counter()
-    completed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=BUDGET_SECONDS)
-    elapsed = time.perf_counter() - start
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    assert elapsed < BUDGET_SECONDS
-    assert f"JSON written to {out}" in completed.stdout
-    assert "Targets" in completed.stdout
+    stdout = run_quick_benchmark("meta_gp.py", out, BUDGET_SECONDS)
+    assert f"JSON written to {out}" in stdout
+    assert "Targets" in stdout
 
     payload = json.loads(out.read_text())
     assert payload["benchmark"] == "meta_gp"

@@ -16,14 +16,6 @@ from pyrogp_models.module_stack import ModuleStack, check_compatible, clip_site_
 IDENTITY = Standardisation(np.zeros(2), np.ones(2), 0.0, 1.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_module(name, size, family="rbf", ard=False, jitter=1e-6, seed=0, scale=0.3,
                   standardisation=IDENTITY, dtype=torch.float64):
     generator = torch.Generator().manual_seed(seed)

@@ -24,14 +24,6 @@ from pyrogp_models.partition import partition_by_label
 JITTER = 1e-9
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: on a loaded machine, intra-op thread hand-offs cost more than the
-    arithmetic."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def posterior_module(name, Z, lengthscale, variance=1.0, y_scale=1.0):

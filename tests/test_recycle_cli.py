@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import run_failing, run_ok, write_csv
 from inference import demo
 from inference.cli import main
 from pyrogp_models.data import Standardisation
@@ -16,30 +17,13 @@ from pyrogp_models.module_io import load_module, load_modules, save_modules
 FIT = ["--inducing", "6", "--steps", "40", "--collapsed"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def write_csv(path, **columns):
-    np.savetxt(path, np.column_stack(list(columns.values())), delimiter=",",
-               header=",".join(columns), comments="")
-    return path
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return tmp_path_factory.mktemp("recycle")
 
 
 @pytest.fixture(scope="module")
 def data_csv(folder):
     rng = np.random.default_rng(0)
     x = np.sort(rng.uniform(0.0, 10.0, 150))
-    return write_csv(folder / "data.csv", x=x, y=np.sin(x) + 0.1 * rng.normal(size=150))
+    return write_csv(folder / "data.csv", {"x": x, "y": np.sin(x) + 0.1 * rng.normal(size=150)})
 
 
 @pytest.fixture(scope="module")
@@ -48,21 +32,6 @@ def modules_dir(folder, data_csv):
     assert main(["fit-local", str(data_csv), "--target", "y", "--partitions", "3",
                  "--partition-by", "contiguous", *FIT, "--out", str(out)]) == 0
     return out
-
-
-def run_ok(capsys, *argv) -> str:
-    capsys.readouterr()
-    assert main([str(arg) for arg in argv]) == 0
-    return capsys.readouterr().out
-
-
-def run_failing(capsys, *argv) -> str:
-    capsys.readouterr()
-    code = main([str(arg) for arg in argv])
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert len(lines) == 1 and lines[0].startswith("pyrogp: error: "), lines
-    return lines[0]
 
 
 def test_fit_recycle_evaluate_and_recycle_again(capsys, folder, data_csv, modules_dir):
@@ -92,8 +61,8 @@ def test_fit_recycle_evaluate_and_recycle_again(capsys, folder, data_csv, module
 
 
 def test_module_files_and_raw_data(capsys, folder, data_csv, modules_dir):
-    raw = write_csv(folder / "raw.csv", x=np.linspace(0.0, 10.0, 40),
-                    y=np.sin(np.linspace(0.0, 10.0, 40)))
+    raw = write_csv(folder / "raw.csv", {"x": np.linspace(0.0, 10.0, 40),
+                                         "y": np.sin(np.linspace(0.0, 10.0, 40))})
     out = run_ok(capsys, "recycle", modules_dir / "part000.safetensors",
                  modules_dir / "part002.safetensors", "--data", raw, "--inducing", 8,
                  "--steps", 10, "--out", folder / "with_raw")
@@ -118,8 +87,8 @@ def test_bad_inputs_give_one_line_errors(capsys, folder, data_csv, modules_dir):
     assert "--inducing" in message
 
     other = folder / "other_fit"
-    rescaled = write_csv(folder / "rescaled.csv", x=np.linspace(0.0, 20.0, 60),
-                         y=np.cos(np.linspace(0.0, 20.0, 60)))
+    rescaled = write_csv(folder / "rescaled.csv", {"x": np.linspace(0.0, 20.0, 60),
+                                                   "y": np.cos(np.linspace(0.0, 20.0, 60))})
     assert main(["fit-local", str(rescaled), "--target", "y", "--partitions", "2",
                  "--partition-by", "contiguous", *FIT, "--out", str(other)]) == 0
     mixed = {**load_modules(modules_dir),

@@ -22,13 +22,6 @@ from pyrogp_models.routed import (
 FEW_STEPS = TrainConfig(steps=10, tol=None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny problems run fastest single-threaded (and do not fight other processes)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,17 @@ def random_cholesky(*shape):
     return torch.linalg.cholesky(A @ A.mT + 0.5 * torch.eye(shape[-1]))
 
 
+def padded_cosine_series(K, N, kept):
+    """K series of N noisy cos(2x) points on [0, 4]; series k keeps its first ``kept[k]`` points
+    (all N where k is not in ``kept``) and the rest is padding, masked out."""
+    X = torch.rand(K, N, 1) * 4
+    y = torch.cos(2 * X[..., 0]) + 0.1 * torch.randn(K, N)
+    mask = torch.ones(K, N, dtype=torch.bool)
+    for k, count in kept.items():
+        mask[k, count:] = False
+    return X, y, mask
+
+
 def test_kl_terms_equal_torch_distributions():
     mean, chol, prior = torch.randn(4, 6), random_cholesky(4, 6), random_cholesky(4, 6)
     q = torch.distributions.MultivariateNormal(mean, scale_tril=chol)
@@ -81,11 +92,7 @@ def test_svgp_with_inducing_at_data_is_the_exact_gp():
 def test_collapsed_optimum_attains_the_collapsed_bound_with_padding():
     torch.manual_seed(4)
     K, N, M = 3, 30, 7
-    X = torch.rand(K, N, 1) * 4
-    y = torch.cos(2 * X[..., 0]) + 0.1 * torch.randn(K, N)
-    mask = torch.ones(K, N, dtype=torch.bool)
-    mask[0, 20:] = False
-    mask[2, 11:] = False
+    X, y, mask = padded_cosine_series(K, N, kept={0: 20, 2: 11})
     model = BatchedSVGP(torch.rand(K, M, 1) * 4, Stationary("matern52", 1, (K, 1), False, 0.8, 1.1),
                         Gaussian((K,), variance=0.03))
     bound = collapsed_bound(model, X, y, mask)
@@ -159,10 +166,7 @@ def test_inverse_form_equals_projected_form(family, likelihood):
 def test_collapsed_bound_from_gram_statistics_equals_projected_form():
     torch.manual_seed(7)
     K, N, M = 3, 30, 6
-    X = torch.rand(K, N, 1) * 4
-    y = torch.cos(2 * X[..., 0]) + 0.1 * torch.randn(K, N)
-    mask = torch.ones(K, N, dtype=torch.bool)
-    mask[0, 18:] = False
+    X, y, mask = padded_cosine_series(K, N, kept={0: 18})
     model = BatchedSVGP(torch.linspace(0, 4, M).expand(K, M).unsqueeze(-1).clone(),
                         Stationary("rbf", 1, (K, 1), False, 0.8, 1.1),
                         Gaussian((K,), variance=0.03))
