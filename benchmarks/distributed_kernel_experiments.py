@@ -101,7 +101,7 @@ def demo_fit(X, y, cuts, m_per_region, steps):
             "plot": (Xs, before_pred, model.predict(Xs))}
 
 
-def experiment_demo(steps):
+def experiment_demo(out: Path, steps):
     X, y = demo_data()
     runs = [demo_fit(X, y, [], 15, steps), demo_fit(X, y, [2.0, 4.0], 5, steps)]
     fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True, sharey=True)
@@ -116,13 +116,13 @@ def experiment_demo(steps):
             ax.plot(Z, [float(y.min()) - 0.5] * len(Z), "kx")
             ax.set_title(f"J={run['J']}, m={run['m']}: Z {title} optimising the bound")
     fig.tight_layout()
-    fig.savefig(RESULTS / "dk_demo_1d.png", dpi=110)
+    fig.savefig(out / "dk_demo_1d.png", dpi=110)
     plt.close(fig)
     return runs
 
 
 # 2. the slides' kernel split ----------------------------------------------------------------------
-def experiment_kernel_split():
+def experiment_kernel_split(out: Path):
     regions = Regions.from_cuts([-10.0, -5.0, 0.0, 5.0, 10.0])
     kernel = RBF(1, lengthscale=1.0, variance=1.0)
     x = torch.linspace(-20, 20, 401).unsqueeze(-1)
@@ -152,7 +152,7 @@ def experiment_kernel_split():
         ax.axvline(cut, color="0.7", ls=":")
     ax.legend(ncol=7, fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / "dk_kernel_split.png", dpi=110)
+    fig.savefig(out / "dk_kernel_split.png", dpi=110)
     plt.close(fig)
     eig = torch.linalg.eigvalsh(local)
     return {"max_abs_sum_error": float((local.sum(0) - full).abs().max()),
@@ -183,7 +183,7 @@ def plot_predictions(ax, Xs, ys, runs, window, truth=None):
     ax.legend(fontsize=7, loc="upper left")
 
 
-def experiment_long_series(budget_chirp, budget_sunspots, n_chirp):
+def experiment_long_series(out: Path, budget_chirp, budget_sunspots, n_chirp):
     X, y, Xs, ys = bench.chirp_data(n_chirp, 10000, noise=0.01)
     init = {"lengthscale": 0.5, "variance": 1.0, "noise": 0.1}
     chirp_runs = [bench.run_distributed_kernel(X, y, Xs, ys, 32, 16, init, budget_chirp, True),
@@ -203,7 +203,7 @@ def experiment_long_series(budget_chirp, budget_sunspots, n_chirp):
     plot_predictions(axes[1], Xs2, ys2, sun_runs, (Xs2[:, 0] > 1950) & (Xs2[:, 0] < 2015))
     axes[1].set_title(f"sunspots (standardised), 1950–2015, {budget_sunspots:.0f} s each")
     fig.tight_layout()
-    fig.savefig(RESULTS / "dk_long_series.png", dpi=110)
+    fig.savefig(out / "dk_long_series.png", dpi=110)
     plt.close(fig)
     return ([{"data": f"chirp, n={n_chirp}"} | r for r in chirp_runs]
             + [{"data": f"sunspots, n={len(y2)}"} | r for r in sun_runs])
@@ -218,7 +218,7 @@ def gp_draw(n=300, seed=0, noise=0.05):
     return x, f + math.sqrt(noise) * torch.randn(n, generator=generator)
 
 
-def experiment_boundary_variance(m=12):
+def experiment_boundary_variance(out: Path, m=12):
     X, y = gp_draw()
     noise = 0.05
     cuts = [-5.0, 0.0, 5.0]
@@ -282,7 +282,7 @@ def experiment_boundary_variance(m=12):
         for cut in cuts:
             ax.axvline(cut, color="0.7", ls=":")
     fig.tight_layout()
-    fig.savefig(RESULTS / "dk_boundary_variance.png", dpi=110)
+    fig.savefig(out / "dk_boundary_variance.png", dpi=110)
     plt.close(fig)
     return summary
 
@@ -332,26 +332,28 @@ def markdown(report) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes (smoke run), written to results/quick/")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    out = RESULTS / "quick" if args.quick else RESULTS
     torch.set_num_threads(args.threads)
     torch.set_default_dtype(torch.float64)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     report = {"machine": bench.machine()}
     print("1. demo", flush=True)
-    report["demo"] = experiment_demo(steps=60 if args.quick else 200)
+    report["demo"] = experiment_demo(out, steps=60 if args.quick else 200)
     print("2. kernel split", flush=True)
-    report["kernel_split"] = experiment_kernel_split()
+    report["kernel_split"] = experiment_kernel_split(out)
     print("3. long series", flush=True)
     report["long_series"] = experiment_long_series(
-        10.0 if args.quick else 30.0, 5.0 if args.quick else 20.0,
+        out, 10.0 if args.quick else 30.0, 5.0 if args.quick else 20.0,
         20000 if args.quick else 100000)
     print("4. boundary variance", flush=True)
-    report["boundary_variance"] = experiment_boundary_variance()
+    report["boundary_variance"] = experiment_boundary_variance(out)
     text = markdown(report)
-    (RESULTS / "distributed_kernel_experiments.md").write_text(text)
-    (RESULTS / "distributed_kernel_experiments.json").write_text(json.dumps(report, indent=2))
+    (out / "distributed_kernel_experiments.md").write_text(text)
+    (out / "distributed_kernel_experiments.json").write_text(json.dumps(report, indent=2))
     print(text)
 
 
