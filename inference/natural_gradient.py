@@ -27,6 +27,10 @@ a likelihood that is log-concave in each latent function P' is positive definite
 without that property), γ is halved for that q(v_kl) only, up to ``max_halvings`` times; after
 that the step fails with a :class:`FloatingPointError`. Partitions are independent terms of the
 loss, so a step is batched over partitions and latent functions with no loop over them.
+
+With a non-conjugate likelihood a unit step can overshoot and cycle, so there the step is
+safeguarded: γ is halved for every partition whose full-data ELBO the step would lower (one more
+forward evaluation per step, two or more when some partition backtracks).
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ def natural_gradient_step(loss_fn: Callable[[], torch.Tensor], groups: list[Batc
     """One natural-gradient step of size ``gamma`` on q(v) of every group (module docstring).
 
     ``loss_fn()`` returns the negative ELBO summed over partitions; only q's parameters are
-    changed. Returns the loss before the step (detached).
+    changed. For a non-conjugate likelihood the step is safeguarded (:func:`_ascending_update`).
+    Returns the loss before the step (detached).
     """
     loss = loss_fn()
     grads = torch.autograd.grad(loss, variational_parameters(groups))
@@ -73,12 +78,51 @@ def natural_gradient_step(loss_fn: Callable[[], torch.Tensor], groups: list[Batc
         for group, mean_grad, sqrt_grad in zip(groups, grads[0::2], grads[1::2], strict=True):
             mean, chol = group.q_mean, group.q_sqrt
             # q_mean is unconstrained; the loss is −L.
-            new_mean, new_chol = natural_update(
-                mean, chol, -mean_grad, -covariance_gradient(chol, sqrt_grad),
-                gamma, max_halvings)
-            group.q_mean = new_mean
-            group.q_sqrt = new_chol
+            direction = (-mean_grad, -covariance_gradient(chol, sqrt_grad))
+            if group.likelihood.name == "gaussian" or not hasattr(group, "data_X"):
+                group.q_mean, group.q_sqrt = natural_update(mean, chol, *direction, gamma,
+                                                            max_halvings)
+            else:
+                _ascending_update(group, direction, gamma, max_halvings)
     return loss.detach()
+
+
+def _ascending_update(group: BatchedSVGP, direction: tuple[torch.Tensor, torch.Tensor],
+                      gamma: float, max_halvings: int) -> None:
+    """The step with γ halved for every partition whose full-data ELBO it would lower.
+
+    With a Gaussian likelihood a step of γ ≤ 1 moves θ towards the optimum θ* along a line on
+    which KL[q_θ ‖ q_θ*] decreases, so the ELBO rises; with a non-conjugate likelihood a unit step
+    can overshoot and cycle (a Bernoulli fit on the sunspot labels alternates between two values
+    of q). Partitions that do not rise after ``max_halvings`` halvings keep their q. ELBOs that
+    need Monte Carlo draws are compared on the same draws."""
+    # copies: assigning group.q_mean writes into the parameter that group.q_mean returns
+    mean, chol = group.q_mean.clone(), group.q_sqrt.clone()
+    before = _partition_elbo(group)
+    step = torch.full(mean.shape[:-1], float(gamma), dtype=mean.dtype, device=mean.device)
+    for _ in range(max_halvings + 1):
+        new_mean, new_chol = natural_update(mean, chol, *direction, step, max_halvings)
+        group.q_mean, group.q_sqrt = new_mean, new_chol
+        lower = _partition_elbo(group) < before - ELBO_TOLERANCE * before.abs()  # [K]
+        if not bool(lower.any()):
+            return
+        step = torch.where(lower.unsqueeze(-1), 0.5 * step, step)
+    keep = lower.reshape(-1, *[1] * (mean.dim() - 1))
+    group.q_mean = torch.where(keep, mean, new_mean)
+    group.q_sqrt = torch.where(keep.unsqueeze(-1), chol, new_chol)
+
+
+#: Relative decrease of a partition's ELBO that the safeguarded step treats as rounding.
+ELBO_TOLERANCE = 1e-12
+
+
+def _partition_elbo(group: BatchedSVGP) -> torch.Tensor:
+    """Every partition's ELBO on its full data [K], with the random state fixed so that Monte
+    Carlo expectations of two calls use the same draws."""
+    devices = [group.q_mean.device] if group.q_mean.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(0)
+        return group.elbo(group.data_X, group.data_y, group.data_mask)
 
 
 def covariance_gradient(chol: torch.Tensor, raw_gradient: torch.Tensor) -> torch.Tensor:
@@ -93,13 +137,14 @@ def covariance_gradient(chol: torch.Tensor, raw_gradient: torch.Tensor) -> torch
 
 
 def natural_update(mean: torch.Tensor, chol: torch.Tensor, mean_grad: torch.Tensor,
-                   cov_grad: torch.Tensor, gamma: float, max_halvings: int = 20
+                   cov_grad: torch.Tensor, gamma: float | torch.Tensor, max_halvings: int = 20
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(m', chol S') after θ ← θ + γ∂L/∂η, given m [..., M], L = chol S [..., M, M],
-    g = ∂L/∂m and symmetric G = ∂L/∂S; γ is halved for each batch member whose new precision
-    is not positive definite."""
+    g = ∂L/∂m, symmetric G = ∂L/∂S and γ (a number, or one per batch member [...]); γ is halved
+    for each batch member whose new precision is not positive definite."""
     precision = torch.cholesky_inverse(chol)
-    step = torch.full(mean.shape[:-1], float(gamma), dtype=mean.dtype, device=mean.device)
+    step = torch.as_tensor(gamma, dtype=mean.dtype, device=mean.device).expand(
+        mean.shape[:-1]).clone()
     for _ in range(max_halvings + 1):
         new_precision = precision - 2.0 * step[..., None, None] * cov_grad
         new_precision = 0.5 * (new_precision + new_precision.mT)
@@ -112,7 +157,7 @@ def natural_update(mean: torch.Tensor, chol: torch.Tensor, mean_grad: torch.Tens
     else:
         raise FloatingPointError(
             f"natural-gradient step: the new precision of q(u) is not positive definite even "
-            f"with the step size {gamma:g} halved {max_halvings} times")
+            f"with the step size halved {max_halvings} times")
     eye = torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
     new_chol = triangular_solve(reversed_factor, eye).mT.flip((-2, -1))
     direction = (new_chol @ (new_chol.mT @ mean_grad.unsqueeze(-1))).squeeze(-1)

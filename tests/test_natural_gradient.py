@@ -9,7 +9,9 @@ from pyro.infer import TraceMeanField_ELBO
 from inference.cli import main
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.natural_gradient import (
+    covariance_gradient,
     natural_gradient_step,
+    natural_update,
     variational_groups,
     variational_parameters,
 )
@@ -252,3 +254,33 @@ def test_modules_fitted_with_unit_natural_steps_can_be_recycled(likelihood):
     meta = recycle(fit.modules, num_inducing=8, collapsed=True,
                    config=TrainConfig(optimizer="lbfgs", lr=1.0, steps=2)).meta
     assert meta.check_bounded() > 0
+
+
+def test_unit_steps_never_lower_a_partitions_elbo():
+    """With the robust-max likelihood a plain unit step overshoots here (a partition's ELBO
+    falls); the safeguarded step halves γ for that partition only, so no step lowers any
+    partition's ELBO."""
+    likelihood = "categorical"
+    model = local_model(likelihood, num_inducing=(5, 5, 5))
+    perturb_q(model)
+    groups = variational_groups(model)
+    start = model.elbo().detach()
+
+    plain = local_model(likelihood, num_inducing=(5, 5, 5))
+    plain.load_state_dict(model.state_dict())
+    svgp = plain.svgps[0]
+    loss = loss_fn(plain)()
+    mean_grad, sqrt_grad = torch.autograd.grad(loss, variational_parameters([svgp]))
+    with torch.no_grad():
+        svgp.q_mean, svgp.q_sqrt = natural_update(
+            svgp.q_mean.clone(), svgp.q_sqrt.clone(), -mean_grad,
+            -covariance_gradient(svgp.q_sqrt, sqrt_grad), 1.0)
+    assert bool((plain.elbo() < start).any())  # the overshoot the safeguard is for
+
+    elbos = [start]
+    for _ in range(10):
+        natural_gradient_step(loss_fn(model), groups, 1.0)
+        elbos.append(model.elbo().detach())
+    history = torch.stack(elbos)
+    assert bool((history[1:] >= history[:-1] - 1e-9 * history[:-1].abs()).all())
+    assert bool((history[-1] > start).all())
