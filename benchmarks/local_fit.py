@@ -67,11 +67,7 @@ from _common import (  # noqa: E402
 )
 
 from inference.local_fit import LocalFitSpec, fit_local, model_inputs, seeded_generator  # noqa: E402
-from inference.natural_gradient import (  # noqa: E402
-    natural_gradient_step,
-    variational_groups,
-    variational_parameters,
-)
+from inference.natural_gradient import natural_gradient_step, split_parameters  # noqa: E402
 from inference.trainer import TrainConfig, train  # noqa: E402
 from pyrogp_models.local import LocalGPs  # noqa: E402
 from pyrogp_models.partition import Partition, partition_contiguous, partition_random  # noqa: E402
@@ -158,12 +154,10 @@ def trainer_stepper(model: LocalGPs, lr: float, natural_gradient: float | None =
     model/guide, Adam; with ``natural_gradient`` = γ, a natural-gradient step on q(u) first and
     Adam on the other parameters). Returns (step, optimizer); step returns the loss."""
     elbo = TraceMeanField_ELBO()
-    params = list(model.parameters())
     groups = None
+    params = list(model.parameters())
     if natural_gradient is not None:
-        groups = variational_groups(model)
-        natural = {id(p) for p in variational_parameters(groups)}
-        params = [p for p in params if id(p) not in natural]
+        groups, params = split_parameters(model)
     optimizer = torch.optim.Adam(params, lr=lr)
 
     def loss_fn():

@@ -64,6 +64,15 @@ def variational_parameters(groups: list[BatchedSVGP]) -> list[torch.nn.Parameter
     return [p for g in groups for p in (g.q_mean_unconstrained, g.q_sqrt_unconstrained)]
 
 
+def split_parameters(module: torch.nn.Module
+                     ) -> tuple[list[BatchedSVGP], list[torch.nn.Parameter]]:
+    """(the :func:`variational_groups`, every other parameter of ``module``): natural-gradient
+    steps move the groups' q(v), the optimiser the rest."""
+    groups = variational_groups(module)
+    natural = {id(p) for p in variational_parameters(groups)}
+    return groups, [p for p in module.parameters() if id(p) not in natural]
+
+
 def natural_gradient_step(loss_fn: Callable[[], torch.Tensor], groups: list[BatchedSVGP],
                           gamma: float, max_halvings: int = 20) -> torch.Tensor:
     """One natural-gradient step of size ``gamma`` on q(v) of every group (module docstring).
@@ -99,9 +108,11 @@ def _ascending_update(group: BatchedSVGP, direction: tuple[torch.Tensor, torch.T
     # copies: assigning group.q_mean writes into the parameter that group.q_mean returns
     mean, chol = group.q_mean.clone(), group.q_sqrt.clone()
     before = _partition_elbo(group)
+    precision = torch.cholesky_inverse(chol)
     step = torch.full(mean.shape[:-1], float(gamma), dtype=mean.dtype, device=mean.device)
     for _ in range(max_halvings + 1):
-        new_mean, new_chol = natural_update(mean, chol, *direction, step, max_halvings)
+        new_mean, new_chol = natural_update(mean, chol, *direction, step, max_halvings,
+                                            precision)
         group.q_mean, group.q_sqrt = new_mean, new_chol
         lower = _partition_elbo(group) < before - ELBO_TOLERANCE * before.abs()  # [K]
         if not bool(lower.any()):
@@ -137,12 +148,13 @@ def covariance_gradient(chol: torch.Tensor, raw_gradient: torch.Tensor) -> torch
 
 
 def natural_update(mean: torch.Tensor, chol: torch.Tensor, mean_grad: torch.Tensor,
-                   cov_grad: torch.Tensor, gamma: float | torch.Tensor, max_halvings: int = 20
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   cov_grad: torch.Tensor, gamma: float | torch.Tensor, max_halvings: int = 20,
+                   precision: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(m', chol S') after θ ← θ + γ∂L/∂η, given m [..., M], L = chol S [..., M, M],
     g = ∂L/∂m, symmetric G = ∂L/∂S and γ (a number, or one per batch member [...]); γ is halved
-    for each batch member whose new precision is not positive definite."""
-    precision = torch.cholesky_inverse(chol)
+    for each batch member whose new precision is not positive definite. ``precision``: S⁻¹ if
+    already computed."""
+    precision = torch.cholesky_inverse(chol) if precision is None else precision
     step = torch.as_tensor(gamma, dtype=mean.dtype, device=mean.device).expand(
         mean.shape[:-1]).clone()
     for _ in range(max_halvings + 1):

@@ -31,11 +31,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 from tqdm import tqdm
 
-from inference.natural_gradient import (
-    natural_gradient_step,
-    variational_groups,
-    variational_parameters,
-)
+from inference.natural_gradient import natural_gradient_step, split_parameters
 from pyrogp_models.module_io import atomic_write
 
 pyro.settings.set(module_local_params=True)
@@ -101,12 +97,10 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     """Maximise the ELBO of ``module.model`` / ``module.guide`` called with ``args, kwargs``."""
     config = config or TrainConfig()
     elbo = TraceMeanField_ELBO()
-    params = list(module.parameters())
     groups = None
+    params = list(module.parameters())
     if config.natural_gradient_lr is not None:
-        groups = variational_groups(module)
-        natural = {id(p) for p in variational_parameters(groups)}
-        params = [p for p in params if id(p) not in natural]
+        groups, params = split_parameters(module)
     optimizer = _make_optimizer(config, params)
     result = TrainResult()
     start = 0

@@ -73,7 +73,7 @@ _LOG_2PI = math.log(2.0 * math.pi)
 ON_UNBOUNDED = ("raise", "warn")
 
 __all__ = ["MetaGP", "UnboundedBoundError", "UnboundedBoundWarning", "BoundednessGuard",
-           "choose_likelihood", "covariance_cholesky", "score_modules"]
+           "describe_unbounded", "choose_likelihood", "covariance_cholesky", "score_modules"]
 
 
 class UnboundedBoundWarning(UserWarning):
@@ -87,9 +87,20 @@ class UnboundedBoundWarning(UserWarning):
         self.modules = list(modules)
 
 
+def describe_unbounded(smallest: float | None, suspects: Sequence[str]) -> str:
+    """What an :class:`UnboundedBoundError` found, in one line without advice (front ends add
+    their own): λ_min(Λ_w) and the under-fitted modules, at most five by name."""
+    value = f"λ_min(Λ_w) = {smallest:.4g} ≤ 0: " if smallest is not None else ""
+    named = (f"; modules wider than their prior (under-fitted): "
+             f"{', '.join(suspects[:5])}{' and more' if len(suspects) > 5 else ''}"
+             if suspects else "")
+    return (f"the ensemble bound is unbounded above ({value}under-fitted or overlapping "
+            f"modules, or a global kernel unlike the modules'){named}")
+
+
 class BoundednessGuard:
     """λ_min(Λ_w) checks shared by the meta-GPs. A user class provides ``bound_quadratic()``,
-    ``_unbounded_message(λ_min)`` and the attributes ``on_unbounded``, ``check_every`` and
+    ``_unbounded_message(λ_min, suspects)`` and the attributes ``on_unbounded``, ``check_every`` and
     ``evaluations`` (and may name suspect modules in ``_unbounded_suspects()``); a collapsed
     model always raises (its optimum does not exist)."""
 
@@ -100,8 +111,9 @@ class BoundednessGuard:
         return []
 
     def _unbounded_error(self, smallest: float) -> UnboundedBoundError:
-        return UnboundedBoundError(self._unbounded_message(smallest), smallest,
-                                   self._unbounded_suspects())
+        suspects = self._unbounded_suspects()
+        return UnboundedBoundError(self._unbounded_message(smallest, suspects), smallest,
+                                   suspects)
 
     @torch.no_grad()
     def min_precision_eigenvalue(self, precision: torch.Tensor | None = None) -> float:
@@ -233,8 +245,8 @@ class MetaGP(BoundednessGuard, PyroModule):
     def _cache_sites(self) -> None:
         """The modules' inducing inputs side by side [N, D] (N = Σ_k M_k, group by group) and
         their site shifts b [N] and constants, which do not change while the meta-GP trains."""
-        groups = self.stack.groups if self.stack is not None else ()
-        self._site_groups = [(group, len(group.names), group.num_inducing) for group in groups]
+        self._groups = self.stack.groups if self.stack is not None else ()
+        groups = self._groups
         if not groups:
             return
         dim = self.stack.input_dim
@@ -249,7 +261,8 @@ class MetaGP(BoundednessGuard, PyroModule):
 
     def _module_terms(self, prior_chol: torch.Tensor):
         """Per M_k-group: the group, B_k = L_**⁻¹K_*k [G, M, M_k] and K_kk^{(*)} [G, M_k, M_k]."""
-        for group, count, size in self._site_groups:
+        for group in self._groups:
+            count, size = len(group.names), group.num_inducing
             cross = self.kernel(self.inducing, group.inducing.reshape(count * size, -1))
             projection = conditionals.projection(prior_chol, cross)  # one solve for the group
             yield (group, projection.reshape(-1, count, size).transpose(0, 1),
@@ -261,15 +274,14 @@ class MetaGP(BoundednessGuard, PyroModule):
         (:func:`pyrogp_models.expectations.site_quadratic`); zeros without modules."""
         prior_chol = self.prior_cholesky() if prior_chol is None else prior_chol
         size = self.num_inducing
-        if not self._site_groups:
+        if not self._groups:
             return ContrastiveQuadratic(prior_chol.new_zeros(size, size),
                                         prior_chol.new_zeros(size), prior_chol.new_zeros(()))
         # K_·* [N, M]; for the RBF one thin product and one exponential (pyrogp_models.fused)
         cross = self.kernel.weighted_cross(self._site_inputs, self.inducing)
         site_trace = sum((group.site_precision * self.kernel(group.inducing)).sum()
-                         for group, _, _ in self._site_groups)  # Σ_k tr(P_k K_kk^{(*)})
-        return site_quadratic(cross, prior_chol, [g.site_precision for g, _, _ in
-                                                  self._site_groups],
+                         for group in self._groups)  # Σ_k tr(P_k K_kk^{(*)})
+        return site_quadratic(cross, prior_chol, [g.site_precision for g in self._groups],
                               self._site_shift, site_trace, self._site_constant)
 
     def contrastive_predictives(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -289,30 +301,33 @@ class MetaGP(BoundednessGuard, PyroModule):
         """KL[q(v) ‖ N(0, I)] = KL[q(u_*) ‖ p(u_*)]."""
         return kl_to_standard_normal(self.q_mean, self.q_sqrt)
 
-    def latent(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Marginals of q(f) at X [N, D] (model units): mean and variance [N]."""
-        A = conditionals.projection(self.prior_cholesky(), self.kernel(self.inducing, X))
+    def latent(self, X: torch.Tensor, prior_chol: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Marginals of q(f) at X [N, D] (model units): mean and variance [N] (``prior_chol``:
+        L_** if already factorised)."""
+        prior_chol = self.prior_cholesky() if prior_chol is None else prior_chol
+        A = conditionals.projection(prior_chol, self.kernel(self.inducing, X))
         return conditionals.whitened_conditional(A, self.kernel.diag(X), self.q_mean,
                                                  self.q_sqrt)
 
-    def expected_log_lik(self) -> torch.Tensor:
+    def expected_log_lik(self, prior_chol: torch.Tensor | None = None) -> torch.Tensor:
         """Σ_i E_{q(f_i)}[log p(y_i | f_i)] over the raw data (0 without raw data)."""
         if self.likelihood is None:
             return self.q_mean.new_zeros(())
-        return self.likelihood.expected_log_prob(self.raw_y, *self.latent(self.raw_X)).sum()
+        latent = self.latent(self.raw_X, prior_chol)
+        return self.likelihood.expected_log_prob(self.raw_y, *latent).sum()
 
     def contrastive_sum(self, quadratic: ContrastiveQuadratic | None = None) -> torch.Tensor:
         """Σ_k E_{q_C(u_k)}[log q_k(u_k) − log p_k(u_k)] at the current q(v), through the
         quadratic form (``quadratic``: :meth:`module_quadratic` if already computed)."""
-        if quadratic is None:
-            if self.stack is None:
-                return self.q_mean.new_zeros(())
-            quadratic = self.module_quadratic()
+        quadratic = self.module_quadratic() if quadratic is None else quadratic
         return evaluate_quadratic(quadratic, self.q_mean, self.q_sqrt)
 
     def bound(self) -> torch.Tensor:
         """L_E (eq. 6), or the combined bound (eq. 19) with raw data, at the current q(v)."""
-        return self.contrastive_sum() + self.expected_log_lik() - self.kl()
+        prior_chol = self.prior_cholesky()
+        return (self.contrastive_sum(self.module_quadratic(prior_chol))
+                + self.expected_log_lik(prior_chol) - self.kl())
 
     # Collapsed form ---------------------------------------------------------------------------
     def bound_quadratic(self) -> ContrastiveQuadratic:
@@ -365,14 +380,10 @@ class MetaGP(BoundednessGuard, PyroModule):
         """The modules whose site precision is indefinite (under-fitted)."""
         return self.stack.indefinite_sites() if self.stack is not None else []
 
-    def _unbounded_message(self, smallest: float) -> str:
-        suspects = self._unbounded_suspects()
-        named = (f"; modules wider than their prior (under-fitted): {suspects[:5]}"
-                 if suspects else "")
-        return (f"the ensemble bound is unbounded above: λ_min(Λ_w) = {smallest:.4g} ≤ 0 "
-                f"(under-fitted or overlapping modules, or a global kernel unlike the "
-                f"modules'){named}. Repair the modules with clip_site_precisions "
-                f"(repair_sites=True) or fix the global kernel to the modules'.")
+    def _unbounded_message(self, smallest: float, suspects: list[str]) -> str:
+        return (f"{describe_unbounded(smallest, suspects)}. Repair the modules with "
+                "clip_site_precisions (repair_sites=True) or fix the global kernel to the "
+                "modules'.")
 
     # Pyro model / guide -----------------------------------------------------------------------
     def model(self):
@@ -384,18 +395,16 @@ class MetaGP(BoundednessGuard, PyroModule):
             pyro.factor(f"{self.site_prefix}.collapsed", self.collapsed_bound(quadratic))
             return
         prior_chol = self.prior_cholesky()
-        modules = self.module_quadratic(prior_chol) if self.stack is not None else None
-        self.guard_evaluation(lambda: self._with_kl_and_data(
-            self.module_quadratic(prior_chol) if modules is None else modules,
-            prior_chol).precision)
+        modules = self.module_quadratic(prior_chol)
+        self.guard_evaluation(lambda: self._with_kl_and_data(modules, prior_chol).precision)
         size = self.num_inducing
         zeros = self.q_mean.new_zeros(size)
         eye = torch.eye(size, dtype=zeros.dtype, device=zeros.device)
         pyro.sample(f"{self.site_prefix}.v", dist.MultivariateNormal(zeros, scale_tril=eye))
-        if modules is not None:
+        if self.stack is not None:
             pyro.factor(f"{self.site_prefix}.contrastive", self.contrastive_sum(modules))
         if self.likelihood is not None:
-            pyro.factor(f"{self.site_prefix}.data", self.expected_log_lik())
+            pyro.factor(f"{self.site_prefix}.data", self.expected_log_lik(prior_chol))
 
     def guide(self):
         """q(v) = N(m, LLᵀ) (nothing in collapsed mode: q is implicit)."""

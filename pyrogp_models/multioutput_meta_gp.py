@@ -171,7 +171,7 @@ class MultiOutputMetaGP(BoundednessGuard, PyroModule):
         self.q_sqrt = covariance_cholesky(blocks)
 
     # Boundedness guard ------------------------------------------------------------------------
-    def _unbounded_message(self, smallest: float) -> str:
+    def _unbounded_message(self, smallest: float, suspects: list[str]) -> str:
         return (f"the multi-output bound is unbounded above: λ_min(Λ_w) = {smallest:.4g} ≤ 0 "
                 "(under-fitted modules or mixing weights larger than the modules' amplitudes); "
                 "repair the modules with clip_site_precisions")

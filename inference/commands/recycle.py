@@ -18,7 +18,7 @@ from inference.trainer import TrainConfig
 from pyrogp_models.data import load_table, require_finite
 from pyrogp_models.errors import DataError, IncompatibleModulesError, UnboundedBoundError
 from pyrogp_models.likelihoods import LIKELIHOODS
-from pyrogp_models.meta_gp import UnboundedBoundWarning
+from pyrogp_models.meta_gp import UnboundedBoundWarning, describe_unbounded
 from pyrogp_models.module import Module
 from pyrogp_models.module_io import SUFFIX, load_modules_from, save_module
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                   if args.on_unbounded != "repair" else
                   " even with the modules' site precisions clipped (--on-unbounded repair): the "
                   "global kernel moved away from the modules'")
-        raise UnboundedBoundError(_unbounded_line(error.smallest, error.modules) + advice,
+        raise UnboundedBoundError(describe_unbounded(error.smallest, error.modules) + advice,
                                   error.smallest, error.modules) from error
     _report_warnings(caught)
     module = replace(module, info={**module.info, **columns})
@@ -167,16 +167,6 @@ def _raw_data(args: argparse.Namespace, modules: dict[str, Module], target: str 
     return RawData(X, y, likelihood, options)
 
 
-def _unbounded_line(smallest: float | None, suspects: list[str]) -> str:
-    """What is wrong, in the command line's words (without the library's Python advice)."""
-    value = f"λ_min(Λ_w) = {smallest:.4g} ≤ 0: " if smallest is not None else ""
-    named = (f"; modules wider than their prior (under-fitted): "
-             f"{', '.join(suspects[:5])}{' and more' if len(suspects) > 5 else ''}"
-             if suspects else "")
-    return (f"the ensemble bound is unbounded above ({value}under-fitted or overlapping "
-            f"modules, or a global kernel unlike the modules'){named}")
-
-
 def _report_warnings(caught: list[warnings.WarningMessage]) -> None:
     """One line for the first unboundedness warning (with how often it recurred); other
     warnings are issued again as they were."""
@@ -187,6 +177,6 @@ def _report_warnings(caught: list[warnings.WarningMessage]) -> None:
     if unbounded:
         first = unbounded[0].message
         again = f", warned {len(unbounded)} times" if len(unbounded) > 1 else ""
-        print(f"pyrogp: warning: {_unbounded_line(first.smallest, first.modules)}; went on as "
+        print(f"pyrogp: warning: {describe_unbounded(first.smallest, first.modules)}; went on as "
               f"--on-unbounded warn asks{again} (--on-unbounded repair clips the modules' site "
               "precisions)", file=sys.stderr)

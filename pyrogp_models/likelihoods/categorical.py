@@ -112,17 +112,13 @@ class Categorical(Likelihood):
         z_max = math.sqrt(-2.0 * math.log(torch.finfo(mean.dtype).tiny)) + 1.0
         z = z.clamp(-z_max, z_max)
         log_cdf = torch.special.log_ndtr(z)
-        log_norm = std.log() + 0.5 * math.log(2 * math.pi)
+        log_pdf = -0.5 * z.square() - (std.log() + 0.5 * math.log(2 * math.pi)).unsqueeze(-1)
+        log_integrand = log_pdf + _exclusive_sum(log_cdf, dim=-2)               # [..., N, C, X]
         if labels is None:
-            log_pdf = -0.5 * z.square() - log_norm.unsqueeze(-1)
-            integrand = (log_pdf + _exclusive_sum(log_cdf, dim=-2)).exp()
-            return (integrand * weights.unsqueeze(-2)).sum(-1).clamp(0.0, 1.0)
-        index = labels.long().expand(mean.shape[:-1]).unsqueeze(-1)             # [..., N, 1]
-        own = torch.zeros_like(mean, dtype=torch.bool).scatter(-1, index, True)
-        others = log_cdf.masked_fill(own.unsqueeze(-1), 0.0).sum(-2)            # [..., N, X]
-        z_own = z.gather(-2, index.unsqueeze(-1).expand(*index.shape, z.shape[-1])).squeeze(-2)
-        log_pdf = -0.5 * z_own.square() - log_norm.gather(-1, index)
-        return ((log_pdf + others).exp() * weights).sum(-1).clamp(0.0, 1.0)
+            return (log_integrand.exp() * weights.unsqueeze(-2)).sum(-1).clamp(0.0, 1.0)
+        index = labels.long().expand(mean.shape[:-1])[..., None, None]          # [..., N, 1, 1]
+        own = log_integrand.gather(-2, index.expand(*index.shape[:-1], x.shape[-1])).squeeze(-2)
+        return (own.exp() * weights).sum(-1).clamp(0.0, 1.0)
 
     @staticmethod
     def _robustmax_std(mean, var):
