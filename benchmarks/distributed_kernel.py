@@ -37,11 +37,11 @@ from inference.distributed_kernel_fit import (  # noqa: E402
     fit_distributed_kernel,
 )
 from inference.metrics import nlpd, rmse  # noqa: E402
-from pyrogp_models.distributed_kernel.construct import build_distributed_kernel_gp  # noqa: E402
-from pyrogp_models.distributed_kernel.halo import full_halo  # noqa: E402
 from pyrogp_models.kernels import RBF  # noqa: E402
 from pyrogp_models.likelihoods import make_likelihood  # noqa: E402
-from pyrogp_models.svgp import BatchedSVGP  # noqa: E402
+from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp  # noqa: E402
+from pyrogp_models.models.distributed_kernel.halo import full_halo  # noqa: E402
+from pyrogp_models.models.local.svgp import BatchedSVGP  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

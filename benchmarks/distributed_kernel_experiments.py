@@ -37,14 +37,14 @@ from inference.distributed_kernel_fit import (  # noqa: E402
     fit_distributed_kernel,
 )
 from pyrogp_models.data import load_sunspots  # noqa: E402
-from pyrogp_models.distributed_kernel import collapsed  # noqa: E402
-from pyrogp_models.distributed_kernel.backfitting import backfit  # noqa: E402
-from pyrogp_models.distributed_kernel.halo import full_halo  # noqa: E402
-from pyrogp_models.distributed_kernel.local_kernels import LocalKernels  # noqa: E402
-from pyrogp_models.distributed_kernel.model import DistributedKernelGP  # noqa: E402
-from pyrogp_models.distributed_kernel.regions import Regions  # noqa: E402
 from pyrogp_models.kernels import RBF  # noqa: E402
 from pyrogp_models.likelihoods import make_likelihood  # noqa: E402
+from pyrogp_models.models.distributed_kernel import collapsed  # noqa: E402
+from pyrogp_models.models.distributed_kernel.backfitting import backfit  # noqa: E402
+from pyrogp_models.models.distributed_kernel.halo import full_halo  # noqa: E402
+from pyrogp_models.models.distributed_kernel.local_kernels import LocalKernels  # noqa: E402
+from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP  # noqa: E402
+from pyrogp_models.models.distributed_kernel.regions import Regions  # noqa: E402
 
 plt = agg_pyplot()
 RESULTS = ROOT / "benchmarks" / "results"

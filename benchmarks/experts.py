@@ -50,8 +50,8 @@ from _common import (  # noqa: E402
 )
 
 from inference.experts_fit import fit_exact_experts  # noqa: E402
-from pyrogp_models.experts import ExpertCombination, ModuleExperts  # noqa: E402
-from pyrogp_models.partition import partition_random  # noqa: E402
+from pyrogp_models.data.partitioners import partition_random  # noqa: E402
+from pyrogp_models.models.experts import ExpertCombination, ModuleExperts  # noqa: E402
 
 SETTINGS = {
     "full": dict(n=100_000, per_expert=100, test=100_000, experts=(10, 100, 1000),

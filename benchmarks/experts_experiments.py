@@ -52,17 +52,17 @@ from inference.local_fit import LocalFitSpec, fit_local  # noqa: E402
 from inference.metrics import accuracy, nlpd, rmse  # noqa: E402
 from inference.trainer import TrainConfig  # noqa: E402
 from pyrogp_models.data import Standardisation, load_banana, load_sunspots  # noqa: E402
-from pyrogp_models.experts import (  # noqa: E402
+from pyrogp_models.data.partitioners import (  # noqa: E402
+    partition_contiguous,
+    partition_kmeans,
+    partition_random,
+)
+from pyrogp_models.models.experts import (  # noqa: E402
     PRESETS,
     ExactExperts,
     ExpertCombination,
     ModuleExperts,
     grbcm_rows,
-)
-from pyrogp_models.partition import (  # noqa: E402
-    partition_contiguous,
-    partition_kmeans,
-    partition_random,
 )
 
 plt = agg_pyplot()

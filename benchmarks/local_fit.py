@@ -69,8 +69,8 @@ from _common import (  # noqa: E402
 from inference.local_fit import LocalFitSpec, fit_local, model_inputs, seeded_generator  # noqa: E402
 from inference.natural_gradient import natural_gradient_step, split_parameters  # noqa: E402
 from inference.trainer import TrainConfig, train  # noqa: E402
-from pyrogp_models.local import LocalGPs  # noqa: E402
-from pyrogp_models.partition import Partition, partition_contiguous, partition_random  # noqa: E402
+from pyrogp_models.data.partitioners import Partition, partition_contiguous, partition_random  # noqa: E402
+from pyrogp_models.models.local.local_gps import LocalGPs  # noqa: E402
 
 pyro.settings.set(module_local_params=True)
 

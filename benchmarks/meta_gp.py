@@ -68,21 +68,21 @@ from _common import (  # noqa: E402
 
 from inference import metrics  # noqa: E402
 from inference.local_fit import LocalFit, LocalFitSpec, fit_local  # noqa: E402
-from inference.recycle import (  # noqa: E402
+from inference.recycling import (  # noqa: E402
     Recycled,
     initial_hyperparameters,
     initial_inducing,
     recycle,
 )
 from inference.trainer import TrainConfig, train  # noqa: E402
-from pyrogp_models.collapsed import set_optimal_posterior  # noqa: E402
-from pyrogp_models.experts import PRESETS, ExpertCombination, ModuleExperts, combine  # noqa: E402
+from pyrogp_models.data.partitioners import Partition  # noqa: E402
 from pyrogp_models.kernels import Stationary  # noqa: E402
-from pyrogp_models.local import LocalGPs  # noqa: E402
-from pyrogp_models.meta_gp import MetaGP  # noqa: E402
-from pyrogp_models.module import Module  # noqa: E402
-from pyrogp_models.module_stack import ModuleStack, most_common_kernel  # noqa: E402
-from pyrogp_models.partition import Partition  # noqa: E402
+from pyrogp_models.models.experts import PRESETS, ExpertCombination, ModuleExperts, combine  # noqa: E402
+from pyrogp_models.models.local.collapsed import set_optimal_posterior  # noqa: E402
+from pyrogp_models.models.local.local_gps import LocalGPs  # noqa: E402
+from pyrogp_models.models.meta.meta_gp import MetaGP  # noqa: E402
+from pyrogp_models.modules.record import Module  # noqa: E402
+from pyrogp_models.modules.stack import ModuleStack, most_common_kernel  # noqa: E402
 
 #: Targets of the brief.
 TARGET_FIT_SECONDS = 30.0  # one K = 5000 meta-GP fit

@@ -44,15 +44,15 @@ from _common import RESULTS_DIR, agg_pyplot, machine_info, write_json  # noqa: E
 
 from inference import metrics  # noqa: E402
 from inference.local_fit import LocalFitSpec, fit_local  # noqa: E402
-from inference.recycle import RecycleSpec, recycle, recycle_multioutput  # noqa: E402
+from inference.recycling import RecycleSpec, recycle, recycle_multioutput  # noqa: E402
 from inference.trainer import TrainConfig, train  # noqa: E402
 from pyrogp_models.data import Standardisation, load_banana, load_sunspots  # noqa: E402
-from pyrogp_models.experts import ModuleExperts  # noqa: E402
-from pyrogp_models.local import LocalGPs  # noqa: E402
-from pyrogp_models.meta_gp import UnboundedBoundError  # noqa: E402
-from pyrogp_models.module import Module  # noqa: E402
-from pyrogp_models.partition import Partition, partition_by_label  # noqa: E402
-from pyrogp_models.routed import RoutedModules  # noqa: E402
+from pyrogp_models.data.partitioners import Partition, partition_by_label  # noqa: E402
+from pyrogp_models.models.experts import ModuleExperts  # noqa: E402
+from pyrogp_models.models.local.local_gps import LocalGPs  # noqa: E402
+from pyrogp_models.models.meta.meta_gp import UnboundedBoundError  # noqa: E402
+from pyrogp_models.modules.record import Module  # noqa: E402
+from pyrogp_models.modules.routing import RoutedModules  # noqa: E402
 
 plt = agg_pyplot()
 LBFGS = TrainConfig(optimizer="lbfgs", lr=1.0, steps=15, window=5, tol=1e-7)

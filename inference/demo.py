@@ -25,15 +25,15 @@ import torch
 from inference.commands.common import write_module_folder
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.metrics import regression_report
-from inference.recycle import recycle
+from inference.recycling import recycle
 from inference.tables import format_table
 from inference.trainer import TrainConfig
 from pyrogp_models.data import load_sunspots
-from pyrogp_models.experts import ExpertCombination, ModuleExperts
-from pyrogp_models.module import Module
-from pyrogp_models.module_io import save_module
-from pyrogp_models.partition import partition_contiguous, partition_random
-from pyrogp_models.routed import Predictor, RoutedModules, as_predictor
+from pyrogp_models.data.partitioners import partition_contiguous, partition_random
+from pyrogp_models.models.experts import ExpertCombination, ModuleExperts
+from pyrogp_models.modules.files import save_module
+from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.routing import Predictor, RoutedModules, as_predictor
 
 OUTPUT = Path("demo_output")
 SEED = 0

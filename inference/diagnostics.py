@@ -23,9 +23,9 @@ import torch
 from pyro.infer import Predictive
 
 from inference.arviz_bridge import to_inference_data
-from pyrogp_models import conditionals
+from pyrogp_models.gaussian import conditionals
 from pyrogp_models.kernels import stationary_diagonal
-from pyrogp_models.module import Module
+from pyrogp_models.modules.record import Module
 
 
 def module_model(module: Module, X: torch.Tensor, y: torch.Tensor | None = None):

@@ -1,7 +1,7 @@
 """Fitting a distributed-kernel GP: Pyro SVI, or a closed-form inner solve for q (Gaussian).
 
 Two schemes, both maximising the mean-field (or joint) ELBO of
-:class:`~pyrogp_models.distributed_kernel.model.DistributedKernelGP`:
+:class:`~pyrogp_models.models.distributed_kernel.model.DistributedKernelGP`:
 
 - ``method="svi"``: Pyro's ``TraceMeanField_ELBO`` of ``model``/``guide`` over all parameters
   (q, Z, ℓ, σ_f², likelihood, cuts), with Adam; any likelihood; minibatches via ``batch_size``.
@@ -24,8 +24,8 @@ import pyro
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
-from pyrogp_models.distributed_kernel.backfitting import solve_meanfield
-from pyrogp_models.distributed_kernel.model import DistributedKernelGP
+from pyrogp_models.models.distributed_kernel.backfitting import solve_meanfield
+from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
 
 pyro.settings.set(module_local_params=True)
 

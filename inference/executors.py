@@ -27,11 +27,11 @@ import torch
 from inference.local_fit import LocalFit, LocalFitSpec, fit_local, model_inputs, seeded_generator
 from inference.trainer import TrainConfig, TrainResult
 from pyrogp_models.data import Standardisation
+from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.errors import PyrogpError
-from pyrogp_models.local import initial_inducing
-from pyrogp_models.module import Module
-from pyrogp_models.module_io import module_from_bytes, module_to_bytes
-from pyrogp_models.partition import Partition
+from pyrogp_models.models.local.local_gps import initial_inducing
+from pyrogp_models.modules.files import module_from_bytes, module_to_bytes
+from pyrogp_models.modules.record import Module
 
 #: Seconds to wait for a scheduler to answer and for its first worker.
 CONNECT_TIMEOUT = 30

@@ -1,7 +1,8 @@
 """Fit exact GP experts with shared hyperparameters and export them as modules.
 
 The hyperparameters maximise Σ_j log N(y_j | 0, K_j + σ²I), eq. (2) of Cohen et al. (ICML 2020),
-the objective of :class:`~pyrogp_models.experts.exact.ExactExperts`, with the library's trainer.
+the objective of :class:`~pyrogp_models.models.experts.exact.ExactExperts`, with the library's
+trainer.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import torch
 from inference.local_fit import LocalFitSpec, model_inputs
 from inference.trainer import TrainConfig, TrainResult, train
 from pyrogp_models.data import Standardisation
-from pyrogp_models.experts.exact import ExactExperts
-from pyrogp_models.module import Module
-from pyrogp_models.partition import Partition
+from pyrogp_models.data.partitioners import Partition
+from pyrogp_models.models.experts.exact import ExactExperts
+from pyrogp_models.modules.record import Module
 
 __all__ = ["DEFAULT_TRAIN_CONFIG", "ExactFit", "fit_exact_experts"]
 

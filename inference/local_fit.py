@@ -10,15 +10,16 @@ import torch
 
 from inference.trainer import TrainConfig, TrainResult, train
 from pyrogp_models.data import Standardisation, require_finite
+from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.likelihoods import LIKELIHOODS
-from pyrogp_models.local import LocalGPs
-from pyrogp_models.module import Module
-from pyrogp_models.partition import Partition
+from pyrogp_models.models.local.local_gps import LocalGPs
+from pyrogp_models.modules.record import Module
 
 
 @dataclass
 class LocalFitSpec:
-    """What to fit in every partition (see :class:`pyrogp_models.local.LocalGPs`)."""
+    """What to fit in every partition (see
+    :class:`pyrogp_models.models.local.local_gps.LocalGPs`)."""
 
     num_inducing: int | Sequence[int] = 10
     likelihood: str = "gaussian"

@@ -39,9 +39,9 @@ from collections.abc import Callable
 
 import torch
 
-from pyrogp_models.collapsed import CollapsedSVGP
-from pyrogp_models.linalg import triangular_solve
-from pyrogp_models.svgp import BatchedSVGP
+from pyrogp_models.gaussian.linalg import triangular_solve
+from pyrogp_models.models.local.collapsed import CollapsedSVGP
+from pyrogp_models.models.local.svgp import BatchedSVGP
 
 
 def variational_groups(module: torch.nn.Module) -> list[BatchedSVGP]:

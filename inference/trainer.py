@@ -6,7 +6,8 @@ several models live in one process). Optimisers: Adam, or full-batch L-BFGS with
 line search. Losses stay on the device and are read back only once per convergence window, so the
 loop does not synchronise with an accelerator at every step.
 
-With ``natural_gradient_lr`` set, q(u) of every :class:`~pyrogp_models.svgp.BatchedSVGP` group is
+With ``natural_gradient_lr`` set, q(u) of every
+:class:`~pyrogp_models.models.local.svgp.BatchedSVGP` group is
 updated by a natural-gradient step of that size (:mod:`inference.natural_gradient`) and the
 optimiser then takes one step on every other parameter, at the new q(u); the recorded loss is the
 one of that optimiser step. Each of the two evaluates the loss (with minibatches, on its own draw).
@@ -32,7 +33,7 @@ from safetensors.torch import save as save_safetensors
 from tqdm import tqdm
 
 from inference.natural_gradient import natural_gradient_step, split_parameters
-from pyrogp_models.module_io import atomic_write
+from pyrogp_models.modules.files import atomic_write
 
 pyro.settings.set(module_local_params=True)
 

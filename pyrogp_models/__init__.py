@@ -6,6 +6,13 @@ without touching the data again — by products of experts or by recycling them 
 """
 
 from pyrogp_models.data import Standardisation, Table, load_banana, load_sunspots, load_table
+from pyrogp_models.data.partitioners import (
+    Partition,
+    partition_by_label,
+    partition_contiguous,
+    partition_kmeans,
+    partition_random,
+)
 from pyrogp_models.errors import (
     CholeskyError,
     DataError,
@@ -22,17 +29,10 @@ from pyrogp_models.likelihoods import (
     Poisson,
     make_likelihood,
 )
-from pyrogp_models.local import LocalGPs
-from pyrogp_models.module import Module
-from pyrogp_models.module_io import load_module, load_modules, save_module, save_modules
-from pyrogp_models.partition import (
-    Partition,
-    partition_by_label,
-    partition_contiguous,
-    partition_kmeans,
-    partition_random,
-)
-from pyrogp_models.svgp import BatchedSVGP
+from pyrogp_models.models.local.local_gps import LocalGPs
+from pyrogp_models.models.local.svgp import BatchedSVGP
+from pyrogp_models.modules.files import load_module, load_modules, save_module, save_modules
+from pyrogp_models.modules.record import Module
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import linalg
 
-from pyrogp_models.experts import (
+from pyrogp_models.models.experts import (
     barycenter_full,
     barycenter_paper,
     barycenter_w2,

@@ -13,7 +13,7 @@ from helpers import run_failing, run_ok, write_csv
 from inference.cli import main
 from pyrogp_models.data import load_table
 from pyrogp_models.errors import DataError
-from pyrogp_models.module_io import INDEX_NAME, load_modules, read_index
+from pyrogp_models.modules.files import INDEX_NAME, load_modules, read_index
 
 FAST = ["--inducing", "5", "--steps", "15"]
 
@@ -244,18 +244,18 @@ def test_rule_is_passed_to_the_expert_combination(capsys, monkeypatch, folder, r
         def predict_y(self, X, labels=None):
             return torch.zeros(len(X)), torch.ones(len(X))
 
-    fake = types.ModuleType("pyrogp_models.experts.predictor")
+    fake = types.ModuleType("pyrogp_models.models.experts.predictor")
     fake.ExpertCombination = FakeCombination
-    monkeypatch.setitem(sys.modules, "pyrogp_models.experts.predictor", fake)
+    monkeypatch.setitem(sys.modules, "pyrogp_models.models.experts.predictor", fake)
     run_ok(capsys, "predict", contiguous_modules, "--data", regression_csv, "--out",
            folder / "experts.csv", "--rule", "gpoe", "--weights", "entropy",
            "--temperature", "2")
     assert received == {"count": 3, "rule": "gpoe", "weights": "entropy", "temperature": 2.0}
 
-    monkeypatch.setitem(sys.modules, "pyrogp_models.experts.predictor", None)
+    monkeypatch.setitem(sys.modules, "pyrogp_models.models.experts.predictor", None)
     message = run_failing(capsys, "predict", contiguous_modules, "--data", regression_csv,
                           "--out", folder / "never.csv", "--rule", "gpoe")
-    assert "pyrogp_models.experts.predictor" in message
+    assert "pyrogp_models.models.experts.predictor" in message
     assert not (folder / "never.csv").exists()
 
 

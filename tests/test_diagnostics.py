@@ -9,7 +9,7 @@ from inference.diagnostics import module_inference_data
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.metrics import pit_uniformity
 from inference.trainer import TrainConfig
-from pyrogp_models.partition import partition_random
+from pyrogp_models.data.partitioners import partition_random
 
 
 @pytest.fixture(scope="module")

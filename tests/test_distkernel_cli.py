@@ -16,23 +16,23 @@ from inference.distributed_kernel_fit import DistributedKernelFitConfig, fit_dis
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.trainer import TrainConfig
 from pyrogp_models.data import Standardisation, load_table
-from pyrogp_models.distributed_kernel import (
+from pyrogp_models.data.partitioners import partition_contiguous
+from pyrogp_models.errors import ModuleFileError
+from pyrogp_models.kernels import RBF
+from pyrogp_models.likelihoods import make_likelihood
+from pyrogp_models.models.distributed_kernel import (
     DistributedKernelGP,
     Regions,
     build_distributed_kernel_gp,
     init_region_inducing,
 )
-from pyrogp_models.distributed_kernel.io import (
+from pyrogp_models.models.distributed_kernel.files import (
     DistributedKernelPredictor,
     load_distributed_kernel,
     save_distributed_kernel,
 )
-from pyrogp_models.errors import ModuleFileError
-from pyrogp_models.kernels import RBF
-from pyrogp_models.likelihoods import make_likelihood
-from pyrogp_models.module_io import _digest, save_module
-from pyrogp_models.partition import partition_contiguous
-from pyrogp_models.routed import ModulePredictor, Predictor, load_predictor
+from pyrogp_models.modules.files import _digest, save_module
+from pyrogp_models.modules.routing import ModulePredictor, Predictor, load_predictor
 
 FIT = ["--inducing-per-region", "6", "--steps", "40"]
 

@@ -12,16 +12,16 @@ import pytest
 import torch
 from scipy import integrate, stats
 
-from pyrogp_models.distributed_kernel.local_kernels import LocalKernels
-from pyrogp_models.distributed_kernel.regions import Regions, default_regions, quantile_cuts
-from pyrogp_models.distributed_kernel.windows import (
+from pyrogp_models.errors import DataError
+from pyrogp_models.kernels import RBF, Matern32
+from pyrogp_models.models.distributed_kernel.local_kernels import LocalKernels
+from pyrogp_models.models.distributed_kernel.regions import Regions, default_regions, quantile_cuts
+from pyrogp_models.models.distributed_kernel.windows import (
     erfc_window,
     halo_radius,
     log_interval_mass,
     window,
 )
-from pyrogp_models.errors import DataError
-from pyrogp_models.kernels import RBF, Matern32
 
 INF = math.inf
 

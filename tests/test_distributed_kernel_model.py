@@ -12,17 +12,17 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 
 from inference.distributed_kernel_fit import DistributedKernelFitConfig, fit_distributed_kernel
-from pyrogp_models import collapsed as core_collapsed
-from pyrogp_models.distributed_kernel import collapsed
-from pyrogp_models.distributed_kernel.backfitting import backfit, solve_meanfield
-from pyrogp_models.distributed_kernel.construct import build_distributed_kernel_gp
-from pyrogp_models.distributed_kernel.halo import full_halo
-from pyrogp_models.distributed_kernel.local_kernels import LocalKernels
-from pyrogp_models.distributed_kernel.model import DistributedKernelGP
-from pyrogp_models.distributed_kernel.regions import Regions
 from pyrogp_models.kernels import RBF
 from pyrogp_models.likelihoods import make_likelihood
-from pyrogp_models.svgp import BatchedSVGP
+from pyrogp_models.models.distributed_kernel import collapsed
+from pyrogp_models.models.distributed_kernel.backfitting import backfit, solve_meanfield
+from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp
+from pyrogp_models.models.distributed_kernel.halo import full_halo
+from pyrogp_models.models.distributed_kernel.local_kernels import LocalKernels
+from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
+from pyrogp_models.models.distributed_kernel.regions import Regions
+from pyrogp_models.models.local import collapsed as core_collapsed
+from pyrogp_models.models.local.svgp import BatchedSVGP
 
 NOISE = 0.05
 

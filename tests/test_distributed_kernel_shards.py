@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from pyrogp_models.distributed_kernel.construct import build_distributed_kernel_gp
-from pyrogp_models.distributed_kernel.regions import Regions
-from pyrogp_models.distributed_kernel.shards import (
+from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp
+from pyrogp_models.models.distributed_kernel.regions import Regions
+from pyrogp_models.models.distributed_kernel.shards import (
     DaskShardRunner,
     InProcessRunner,
     ghost_regions,

@@ -2,10 +2,10 @@
 
 import torch
 
-from pyrogp_models.distributed_kernel import collapsed
-from pyrogp_models.distributed_kernel.construct import build_distributed_kernel_gp
-from pyrogp_models.distributed_kernel.tree import greedy_tree
-from pyrogp_models.distributed_kernel.windows import window
+from pyrogp_models.models.distributed_kernel import collapsed
+from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp
+from pyrogp_models.models.distributed_kernel.tree import greedy_tree
+from pyrogp_models.models.distributed_kernel.windows import window
 
 
 def data(n=500, seed=0):

@@ -13,9 +13,9 @@ import torch
 from inference.experts_fit import fit_exact_experts
 from inference.trainer import TrainConfig, train
 from pyrogp_models.data import Standardisation
-from pyrogp_models.experts import ExactExperts, grbcm_rows
-from pyrogp_models.module_io import module_from_bytes, module_to_bytes
-from pyrogp_models.partition import partition_kmeans, partition_random
+from pyrogp_models.data.partitioners import partition_kmeans, partition_random
+from pyrogp_models.models.experts import ExactExperts, grbcm_rows
+from pyrogp_models.modules.files import module_from_bytes, module_to_bytes
 
 LENGTHSCALE = np.array([0.7, 1.6])
 VARIANCE, NOISE = 1.3, 0.05

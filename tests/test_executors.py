@@ -18,9 +18,9 @@ from inference.executors import (
 )
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.trainer import TrainConfig
+from pyrogp_models.data.partitioners import Partition, partition_contiguous
 from pyrogp_models.errors import DataError, PyrogpError
-from pyrogp_models.module_io import load_modules
-from pyrogp_models.partition import Partition, partition_contiguous
+from pyrogp_models.modules.files import load_modules
 
 TENSORS = ("inducing", "q_mean", "q_chol", "lengthscale", "variance")
 # Adam, full batch and no convergence test: every partition follows its own path.

@@ -5,17 +5,17 @@ import numpy as np
 import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 
-from pyrogp_models import conditionals
 from pyrogp_models.data import Standardisation
-from pyrogp_models.expectations import (
+from pyrogp_models.gaussian import conditionals
+from pyrogp_models.gaussian.expectations import (
     contrastive_expectation,
     contrastive_quadratic,
     gaussian_cross_entropy,
 )
 from pyrogp_models.kernels import Stationary, stationary_covariance
-from pyrogp_models.meta_gp import MetaGP
-from pyrogp_models.module import Module
-from pyrogp_models.module_stack import ModuleStack
+from pyrogp_models.models.meta.meta_gp import MetaGP
+from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.stack import ModuleStack
 
 
 def random_chol(size, *batch, scale=1.0):

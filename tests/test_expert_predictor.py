@@ -10,16 +10,16 @@ from inference.experts_fit import fit_exact_experts
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.trainer import TrainConfig
 from pyrogp_models.data import Standardisation
+from pyrogp_models.data.partitioners import partition_kmeans, partition_random
 from pyrogp_models.errors import IncompatibleModulesError
-from pyrogp_models.experts import (
+from pyrogp_models.models.experts import (
     ExpertCombination,
     ModuleExperts,
     combine,
     combine_in_y_space,
     grbcm_rows,
 )
-from pyrogp_models.partition import partition_kmeans, partition_random
-from pyrogp_models.routed import Predictor
+from pyrogp_models.modules.routing import Predictor
 
 TOL = dict(rtol=1e-9, atol=1e-12)
 QUICK = TrainConfig(steps=10, tol=None)

@@ -10,7 +10,8 @@ import pytest
 import torch
 from scipy import integrate, special, stats
 
-from pyrogp_models.experts import (
+from pyrogp_models.likelihoods import make_likelihood
+from pyrogp_models.models.experts import (
     PRESETS,
     bcm,
     combine,
@@ -27,7 +28,6 @@ from pyrogp_models.experts import (
     tempered_softmax,
     uniform,
 )
-from pyrogp_models.likelihoods import make_likelihood
 
 D = torch.float64
 RTOL = 1e-12

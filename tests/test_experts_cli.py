@@ -9,7 +9,7 @@ import torch
 from helpers import write_csv
 from inference.cli import main
 from pyrogp_models.data import load_table
-from pyrogp_models.module_io import SUFFIX, load_modules, read_index
+from pyrogp_models.modules.files import SUFFIX, load_modules, read_index
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from pyrogp_models.data.inducing import init_inducing
+from pyrogp_models.data.kmeans import kmeans, kmeans_assign, kmeans_init, lloyd
 from pyrogp_models.errors import DataError
-from pyrogp_models.inducing import init_inducing
-from pyrogp_models.kmeans import kmeans, kmeans_assign, kmeans_init, lloyd
 
 BLOB_CENTRES = torch.tensor(
     [[0.0, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]], dtype=torch.float64

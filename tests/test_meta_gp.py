@@ -12,20 +12,20 @@ import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from inference.local_fit import LocalFitSpec, fit_local
-from inference.recycle import RawData, RecycleSpec, recycle
+from inference.recycling import RawData, RecycleSpec, recycle
 from inference.trainer import TrainConfig, train
-from pyrogp_models import conditionals
 from pyrogp_models.data import Standardisation, load_sunspots
+from pyrogp_models.data.partitioners import Partition, partition_contiguous
 from pyrogp_models.errors import IncompatibleModulesError
+from pyrogp_models.gaussian import conditionals
 from pyrogp_models.kernels import Stationary, stationary_covariance
 from pyrogp_models.likelihoods import make_likelihood
-from pyrogp_models.local import LocalGPs
-from pyrogp_models.meta_gp import MetaGP, UnboundedBoundError, UnboundedBoundWarning
-from pyrogp_models.module import Module
-from pyrogp_models.module_io import load_module, save_module
-from pyrogp_models.module_stack import ModuleStack, clip_site_precisions
-from pyrogp_models.partition import Partition, partition_contiguous
-from pyrogp_models.svgp import BatchedSVGP
+from pyrogp_models.models.local.local_gps import LocalGPs
+from pyrogp_models.models.local.svgp import BatchedSVGP
+from pyrogp_models.models.meta.meta_gp import MetaGP, UnboundedBoundError, UnboundedBoundWarning
+from pyrogp_models.modules.files import load_module, save_module
+from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.stack import ModuleStack, clip_site_precisions
 
 IDENTITY = Standardisation(np.zeros(1), np.ones(1), 0.0, 1.0)
 LENGTHSCALE, VARIANCE, NOISE, JITTER = 0.7, 1.3, 0.2, 1e-9
@@ -475,7 +475,7 @@ def test_quadratic_form_equals_the_module_by_module_scores():
 def test_site_gram_value_and_gradient(sizes):
     """[KᵀPK | Kᵀb] for block-diagonal P (entry-by-entry blocks up to M_k = 16, batched matrix
     products above), against dense algebra and finite differences."""
-    from pyrogp_models.expectations import _SiteGram
+    from pyrogp_models.gaussian.expectations import _SiteGram
 
     generator = torch.Generator().manual_seed(0)
     blocks = [torch.randn(4 // len(sizes) + 1, size, size, generator=generator)
@@ -491,7 +491,8 @@ def test_site_gram_value_and_gradient(sizes):
 
 
 def test_unbounded_error_lives_in_errors_and_carries_its_findings():
-    from pyrogp_models import errors, meta_gp
+    from pyrogp_models import errors
+    from pyrogp_models.models.meta import meta_gp
 
     assert meta_gp.UnboundedBoundError is errors.UnboundedBoundError
     assert issubclass(errors.UnboundedBoundError, errors.PyrogpError)

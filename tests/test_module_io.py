@@ -13,9 +13,9 @@ from safetensors.torch import save as save_tensors
 
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.trainer import TrainConfig
-from pyrogp_models import module_io
+from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.errors import ModuleFileError
-from pyrogp_models.partition import partition_contiguous
+from pyrogp_models.modules import files as module_files
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +41,20 @@ def same_module(a, b):
 
 
 def test_folder_round_trip_is_bit_exact(modules, tmp_path):
-    module_io.save_modules(modules, tmp_path / "m", {"kind": "random", "num_partitions": 3})
-    loaded = module_io.load_modules(tmp_path / "m")
+    module_files.save_modules(modules, tmp_path / "m", {"kind": "random", "num_partitions": 3})
+    loaded = module_files.load_modules(tmp_path / "m")
     assert list(loaded) == list(modules)
     for name in modules:
         assert same_module(modules[name], loaded[name])
-    assert module_io.read_index(tmp_path / "m")["partition"]["kind"] == "random"
+    assert module_files.read_index(tmp_path / "m")["partition"]["kind"] == "random"
     # Saving a loaded module again gives a file that loads to the same module.
-    again = module_io.module_from_bytes(module_io.module_to_bytes(loaded["part000"]))
+    again = module_files.module_from_bytes(module_files.module_to_bytes(loaded["part000"]))
     assert same_module(again, modules["part000"])
     assert (tmp_path / "m" / "part000.safetensors").stat().st_size < 4096
 
 
 def test_loading_never_unpickles(modules, tmp_path):
-    path = module_io.save_module(modules["part001"], tmp_path / "one")
+    path = module_files.save_module(modules["part001"], tmp_path / "one")
     assert path.read_bytes()[:8] == struct.pack("<Q", len(path.read_bytes()) - 8 - sum(
         t.numel() * t.element_size() for t in load_tensors(path.read_bytes()).values()))
     assert b"\x80\x04" not in path.read_bytes()[:2]  # not a pickle stream
@@ -62,36 +62,36 @@ def test_loading_never_unpickles(modules, tmp_path):
 
 @pytest.mark.parametrize("where", [0.02, 0.3, 0.6, 0.95])
 def test_a_flipped_byte_anywhere_is_detected(modules, tmp_path, where):
-    path = module_io.save_module(modules["part000"], tmp_path / "m")
+    path = module_files.save_module(modules["part000"], tmp_path / "m")
     data = bytearray(path.read_bytes())
     position = int(where * (len(data) - 1))
     data[position] ^= 0x01
     path.write_bytes(bytes(data))
     with pytest.raises(ModuleFileError, match=str(path.name)):
-        module_io.load_module(path)
+        module_files.load_module(path)
 
 
 def test_truncated_and_missing_files(modules, tmp_path):
-    path = module_io.save_module(modules["part000"], tmp_path / "m")
+    path = module_files.save_module(modules["part000"], tmp_path / "m")
     data = path.read_bytes()
     for cut in (4, 20, len(data) // 2, len(data) - 1):
         path.write_bytes(data[:cut])
         with pytest.raises(ModuleFileError, match="m.safetensors"):
-            module_io.load_module(path)
+            module_files.load_module(path)
     with pytest.raises(ModuleFileError, match="no such module file"):
-        module_io.load_module(tmp_path / "absent.safetensors")
+        module_files.load_module(tmp_path / "absent.safetensors")
     with pytest.raises(ModuleFileError, match="not a module folder"):
-        module_io.load_modules(tmp_path)
+        module_files.load_modules(tmp_path)
 
 
 def tampered(module, edit):
     """Rewrite a module file with edited tensors and a *valid* checksum (a careful forger)."""
-    data = module_io.module_to_bytes(module)
+    data = module_files.module_to_bytes(module)
     (size,) = struct.unpack("<Q", data[:8])
     metadata = json.loads(data[8:8 + size])["__metadata__"]
     tensors = load_tensors(data)
     edit(tensors)
-    metadata["sha256"] = module_io._digest(metadata["pyrogp"], tensors)
+    metadata["sha256"] = module_files._digest(metadata["pyrogp"], tensors)
     return save_tensors(tensors, metadata=metadata)
 
 
@@ -107,14 +107,14 @@ def test_valid_checksum_but_invalid_content_is_refused(modules, tmp_path, edit, 
     path = tmp_path / "forged.safetensors"
     path.write_bytes(tampered(modules["part002"], edit))
     with pytest.raises(ModuleFileError, match=message):
-        module_io.load_module(path)
+        module_files.load_module(path)
 
 
 def test_newer_format_version_is_refused(modules, tmp_path):
     from dataclasses import replace
-    path = module_io.save_module(replace(modules["part000"], format_version=99), tmp_path / "m")
+    path = module_files.save_module(replace(modules["part000"], format_version=99), tmp_path / "m")
     with pytest.raises(ModuleFileError, match="newer"):
-        module_io.load_module(path)
+        module_files.load_module(path)
 
 
 def test_a_crash_during_write_leaves_nothing_half_written(modules, tmp_path, monkeypatch):
@@ -125,5 +125,5 @@ def test_a_crash_during_write_leaves_nothing_half_written(modules, tmp_path, mon
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError):
-        module_io.save_module(modules["part000"], target)
+        module_files.save_module(modules["part000"], target)
     assert list(tmp_path.iterdir()) == []

@@ -9,9 +9,9 @@ import torch
 
 from pyrogp_models.data import Standardisation
 from pyrogp_models.errors import CholeskyError, IncompatibleModulesError
-from pyrogp_models.expectations import site_parameters
-from pyrogp_models.module import Module
-from pyrogp_models.module_stack import ModuleStack, check_compatible, clip_site_precisions
+from pyrogp_models.gaussian.expectations import site_parameters
+from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.stack import ModuleStack, check_compatible, clip_site_precisions
 
 IDENTITY = Standardisation(np.zeros(2), np.ones(2), 0.0, 1.0)
 

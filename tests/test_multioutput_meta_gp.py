@@ -9,17 +9,17 @@ import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from inference.local_fit import LocalFitSpec, fit_local
-from inference.recycle import recycle_multioutput
+from inference.recycling import recycle_multioutput
 from inference.trainer import TrainConfig
-from pyrogp_models import conditionals
 from pyrogp_models.data import Standardisation
+from pyrogp_models.data.partitioners import partition_by_label
 from pyrogp_models.errors import IncompatibleModulesError
+from pyrogp_models.gaussian import conditionals
 from pyrogp_models.kernels import Stationary, stationary_covariance
-from pyrogp_models.meta_gp import MetaGP, UnboundedBoundError, UnboundedBoundWarning
-from pyrogp_models.module import Module
-from pyrogp_models.module_stack import ModuleStack
-from pyrogp_models.multioutput_meta_gp import MultiOutputMetaGP
-from pyrogp_models.partition import partition_by_label
+from pyrogp_models.models.meta.meta_gp import MetaGP, UnboundedBoundError, UnboundedBoundWarning
+from pyrogp_models.models.meta.multioutput import MultiOutputMetaGP
+from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.stack import ModuleStack
 
 JITTER = 1e-9
 

@@ -15,12 +15,12 @@ from inference.natural_gradient import (
     variational_groups,
     variational_parameters,
 )
-from inference.recycle import recycle
+from inference.recycling import recycle
 from inference.trainer import TrainConfig, train
-from pyrogp_models.collapsed import collapsed_bound
-from pyrogp_models.local import LocalGPs
-from pyrogp_models.module_stack import ModuleStack
-from pyrogp_models.partition import Partition
+from pyrogp_models.data.partitioners import Partition
+from pyrogp_models.models.local.collapsed import collapsed_bound
+from pyrogp_models.models.local.local_gps import LocalGPs
+from pyrogp_models.modules.stack import ModuleStack
 
 SIZES = (9, 14, 21)  # unequal partitions: padding and masks
 

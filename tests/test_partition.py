@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyrogp_models.errors import DataError
-from pyrogp_models.partition import (
+from pyrogp_models.data.partitioners import (
     Partition,
     pad_partitions,
     partition_by_label,
@@ -17,6 +16,7 @@ from pyrogp_models.partition import (
     route,
     unpad,
 )
+from pyrogp_models.errors import DataError
 
 
 def random_inputs(num_points=97, num_dims=2, seed=0):

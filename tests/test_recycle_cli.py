@@ -11,8 +11,8 @@ from helpers import run_failing, run_ok, write_csv
 from inference import demo
 from inference.cli import main
 from pyrogp_models.data import Standardisation
-from pyrogp_models.module import Module
-from pyrogp_models.module_io import load_module, load_modules, save_modules
+from pyrogp_models.modules.files import load_module, load_modules, save_modules
+from pyrogp_models.modules.record import Module
 
 FIT = ["--inducing", "6", "--steps", "40", "--collapsed"]
 

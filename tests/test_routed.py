@@ -8,10 +8,10 @@ import torch
 
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.trainer import TrainConfig
+from pyrogp_models.data.partitioners import partition_by_label, partition_kmeans, partition_random
 from pyrogp_models.errors import DataError, IncompatibleModulesError, ModuleFileError
-from pyrogp_models.module_io import save_modules
-from pyrogp_models.partition import partition_by_label, partition_kmeans, partition_random
-from pyrogp_models.routed import (
+from pyrogp_models.modules.files import save_modules
+from pyrogp_models.modules.routing import (
     ModulePredictor,
     Predictor,
     RoutedModules,

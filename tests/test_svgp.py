@@ -10,13 +10,13 @@ import torch
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.metrics import nlpd
 from inference.trainer import TrainConfig, train
-from pyrogp_models.collapsed import collapsed_bound, set_optimal_posterior
+from pyrogp_models.data.partitioners import partition_contiguous, partition_random
+from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal, kl_to_zero_mean
 from pyrogp_models.kernels import Stationary
-from pyrogp_models.kullback_leiblers import kl_to_standard_normal, kl_to_zero_mean
 from pyrogp_models.likelihoods import Gaussian, make_likelihood
-from pyrogp_models.local import LocalGPs
-from pyrogp_models.partition import partition_contiguous, partition_random
-from pyrogp_models.svgp import BatchedSVGP, minibatch
+from pyrogp_models.models.local.collapsed import collapsed_bound, set_optimal_posterior
+from pyrogp_models.models.local.local_gps import LocalGPs
+from pyrogp_models.models.local.svgp import BatchedSVGP, minibatch
 
 
 def random_cholesky(*shape):

@@ -10,11 +10,17 @@ from pathlib import Path
 import numpy as np
 
 from pyrogp_models.data import Table, require_finite
-from pyrogp_models.distributed_kernel.io import is_distributed_kernel_file
 from pyrogp_models.errors import DataError, ModuleFileError, PyrogpError
-from pyrogp_models.module import Module
-from pyrogp_models.module_io import INDEX_NAME, SUFFIX, load_modules_from, read_index, save_modules
-from pyrogp_models.routed import Predictor, as_predictor, load_predictor
+from pyrogp_models.models.distributed_kernel.files import is_distributed_kernel_file
+from pyrogp_models.modules.files import (
+    INDEX_NAME,
+    SUFFIX,
+    load_modules_from,
+    read_index,
+    save_modules,
+)
+from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.routing import Predictor, as_predictor, load_predictor
 
 
 # Reading modules ------------------------------------------------------------------------------
@@ -48,9 +54,9 @@ def predictor_from_args(args: argparse.Namespace
             raise DataError("--weights and --temperature only apply together with --rule")
         return as_predictor(modules, rule), modules, rule
     try:
-        from pyrogp_models.experts.predictor import ExpertCombination
+        from pyrogp_models.models.experts.predictor import ExpertCombination
     except ImportError as error:
-        raise PyrogpError(f"--rule needs pyrogp_models.experts.predictor, which cannot be "
+        raise PyrogpError(f"--rule needs pyrogp_models.models.experts.predictor, which cannot be "
                           f"imported ({error})") from None
     combination = ExpertCombination(modules, args.rule, weights=args.weights,
                                     temperature=args.temperature)

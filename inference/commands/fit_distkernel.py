@@ -18,16 +18,16 @@ import torch
 from inference.commands.fit_local import _feature_names
 from inference.distributed_kernel_fit import DistributedKernelFitConfig, fit_distributed_kernel
 from pyrogp_models.data import Standardisation, load_table, split_features_target
-from pyrogp_models.distributed_kernel.construct import build_distributed_kernel_gp
-from pyrogp_models.distributed_kernel.io import (
+from pyrogp_models.errors import DataError
+from pyrogp_models.likelihoods import LIKELIHOODS
+from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp
+from pyrogp_models.models.distributed_kernel.files import (
     DistributedKernelPredictor,
     is_distributed_kernel_file,
     save_distributed_kernel,
 )
-from pyrogp_models.distributed_kernel.model import VARIATIONAL, DistributedKernelGP
-from pyrogp_models.distributed_kernel.regions import Regions, quantile_cuts, split_dimension
-from pyrogp_models.errors import DataError
-from pyrogp_models.likelihoods import LIKELIHOODS
+from pyrogp_models.models.distributed_kernel.model import VARIATIONAL, DistributedKernelGP
+from pyrogp_models.models.distributed_kernel.regions import Regions, quantile_cuts, split_dimension
 
 NAME = "fit-distkernel"
 HELP = "fit a distributed-kernel sparse GP (a sum of local GPs) and save it as one file"

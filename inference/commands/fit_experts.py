@@ -13,9 +13,9 @@ from inference.commands.fit_local import _feature_names
 from inference.experts_fit import DEFAULT_TRAIN_CONFIG, fit_exact_experts
 from inference.tables import format_table
 from pyrogp_models.data import load_table, split_features_target
+from pyrogp_models.data.partitioners import partition_kmeans, partition_random
 from pyrogp_models.errors import DataError
 from pyrogp_models.kernels import PROFILES
-from pyrogp_models.partition import partition_kmeans, partition_random
 
 NAME = "fit-experts"
 HELP = ("fit exact GP experts with shared hyperparameters on partitions of the data and save "

@@ -16,16 +16,16 @@ from inference.local_fit import LocalFitSpec
 from inference.tables import format_table
 from inference.trainer import TrainConfig
 from pyrogp_models.data import Table, load_table, split_features_target
-from pyrogp_models.errors import DataError
-from pyrogp_models.kernels import PROFILES
-from pyrogp_models.likelihoods import LIKELIHOODS
-from pyrogp_models.partition import (
+from pyrogp_models.data.partitioners import (
     Partition,
     partition_by_label,
     partition_contiguous,
     partition_kmeans,
     partition_random,
 )
+from pyrogp_models.errors import DataError
+from pyrogp_models.kernels import PROFILES
+from pyrogp_models.likelihoods import LIKELIHOODS
 
 NAME = "fit-local"
 HELP = "fit one sparse GP per partition of the data and save them as a module folder"

@@ -9,10 +9,10 @@ import torch
 
 from inference.commands.common import describe_rule
 from inference.tables import format_number, format_table
-from pyrogp_models.distributed_kernel.io import is_distributed_kernel_file
-from pyrogp_models.module import Module
-from pyrogp_models.module_io import load_modules_from, read_index
-from pyrogp_models.routed import load_predictor
+from pyrogp_models.models.distributed_kernel.files import is_distributed_kernel_file
+from pyrogp_models.modules.files import load_modules_from, read_index
+from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.routing import load_predictor
 
 NAME = "info"
 HELP = "describe a module file, a module folder or a distributed-kernel file"

@@ -12,7 +12,7 @@ import torch
 from inference.commands.common import add_predictor_arguments, predictor_from_args, read_inputs
 from pyrogp_models.data import load_table
 from pyrogp_models.errors import DataError
-from pyrogp_models.module_io import atomic_write
+from pyrogp_models.modules.files import atomic_write
 
 NAME = "predict"
 HELP = "predict the rows of a data file with a module or a module folder"

@@ -13,14 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from inference.commands.common import read_inputs
-from inference.recycle import RawData, RecycleSpec, recycle
+from inference.recycling import RawData, RecycleSpec, recycle
 from inference.trainer import TrainConfig
 from pyrogp_models.data import load_table, require_finite
 from pyrogp_models.errors import DataError, IncompatibleModulesError, UnboundedBoundError
 from pyrogp_models.likelihoods import LIKELIHOODS
-from pyrogp_models.meta_gp import UnboundedBoundWarning, describe_unbounded
-from pyrogp_models.module import Module
-from pyrogp_models.module_io import SUFFIX, load_modules_from, save_module
+from pyrogp_models.models.meta.meta_gp import UnboundedBoundWarning, describe_unbounded
+from pyrogp_models.modules.files import SUFFIX, load_modules_from, save_module
+from pyrogp_models.modules.record import Module
 
 NAME = "recycle"
 HELP = "fit a meta-GP to module files and folders (and new raw data) and save it as a module"

@@ -1,0 +1,1 @@
+"""Gaussian algebra: Cholesky and solves, conditionals, KL divergences and expectations."""

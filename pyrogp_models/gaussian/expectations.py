@@ -1,0 +1,222 @@
+"""Closed-form Gaussian cross-entropies and the contrastive expectations of the meta-GP bound.
+
+Cross-entropy (Recyclable GPs, App. B): for u ~ N(m, S) in d dimensions and Σ = L Lᵀ,
+
+    E_{N(m,S)}[log N(u | μ, Σ)] = −½[d log 2π + log|Σ| + tr(Σ⁻¹S) + (m−μ)ᵀΣ⁻¹(m−μ)].
+
+Contrastive expectation (eq. 5–6): the meta-GP's predictive at a module's inducing inputs,
+q_C(u_k) = N(m_C, S_C) (eq. 17 with the main-text "+" sign; in whitened form it is
+:func:`pyrogp_models.gaussian.conditionals.whitened_conditional_full` with B_k = L_**⁻¹K_*k and the
+prior
+covariance K_kk^{(*)} of the *global* kernel), scores
+
+    E_{q_C}[log q_k(u_k) − log p_k(u_k)]
+
+against the module's own q_k = N(μ_k, L_k L_kᵀ) and prior p_k = N(0, L_pk L_pkᵀ) (its own kernel).
+
+As a function of the whitened q(v) = N(m, S_v), the sum over modules is a quadratic form
+(natural-parameter view):
+
+    Σ_k E_{q_C}[log q_k − log p_k] = −½tr(P S_v) − ½mᵀPm + ηᵀm + c,
+    P = Σ_k B_k P_k B_kᵀ,  P_k = S_k⁻¹ − K_kk^{(k)−1},  η = Σ_k B_k S_k⁻¹μ_k,
+    c = −½Σ_k[tr(P_k Q_k) + μ_kᵀS_k⁻¹μ_k + log|S_k| − log|K_kk^{(k)}|],  Q_k = K_kk^{(*)} − B_kᵀB_k,
+
+which gives the collapsed optimum and the boundedness test of the meta-GP. The site parameters
+(P_k, b_k = S_k⁻¹μ_k and the q-independent part of c) depend on the module alone, so
+:func:`site_parameters` computes them once per module; with them the sum over modules needs only
+products with K_*k and no per-module solve. Every inverse is a triangular solve with a Cholesky
+factor; everything batches over leading dimensions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from pyrogp_models.gaussian.linalg import cholesky_solve, logdet_from_cholesky, triangular_solve
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def trace_of_solve(chol: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """tr(Σ⁻¹A) for Σ = LLᵀ, by two triangular solves."""
+    return cholesky_solve(chol, matrix).diagonal(dim1=-2, dim2=-1).sum(-1)
+
+
+def mahalanobis(chol: torch.Tensor, diff: torch.Tensor) -> torch.Tensor:
+    """dᵀΣ⁻¹d = ‖L⁻¹d‖² for Σ = LLᵀ."""
+    return triangular_solve(chol, diff.unsqueeze(-1)).squeeze(-1).square().sum(-1)
+
+
+def gaussian_cross_entropy(mean: torch.Tensor, cov: torch.Tensor, target_mean: torch.Tensor,
+                           target_chol: torch.Tensor) -> torch.Tensor:
+    """E_{N(mean, cov)}[log N(u | target_mean, LLᵀ)] in closed form (App. B). ``cov`` need not be
+    factorised (it may be a difference of covariances, as S_C is)."""
+    size = mean.shape[-1]
+    return -0.5 * (size * _LOG_2PI + logdet_from_cholesky(target_chol)
+                   + trace_of_solve(target_chol, cov) + mahalanobis(target_chol,
+                                                                    mean - target_mean))
+
+
+def contrastive_expectation(mean_c: torch.Tensor, cov_c: torch.Tensor, module_mean: torch.Tensor,
+                            module_chol: torch.Tensor, module_prior_chol: torch.Tensor
+                            ) -> torch.Tensor:
+    """E_{q_C(u_k)}[log q_k(u_k) − log p_k(u_k)], one summand of eq. (6); batched over modules."""
+    return (gaussian_cross_entropy(mean_c, cov_c, module_mean, module_chol)
+            - gaussian_cross_entropy(mean_c, cov_c, torch.zeros_like(module_mean),
+                                     module_prior_chol))
+
+
+class ContrastiveQuadratic(NamedTuple):
+    """Σ_k E_{q_C}[log q_k − log p_k] = −½tr(P S_v) − ½mᵀPm + ηᵀm + c in the whitened q(v)."""
+
+    precision: torch.Tensor  # P = Σ_k B_k P_k B_kᵀ, [M, M]
+    shift: torch.Tensor  # η = Σ_k B_k S_k⁻¹ μ_k, [M]
+    constant: torch.Tensor  # c, []
+
+
+def contrastive_quadratic(projection: torch.Tensor, prior_cov: torch.Tensor,
+                          module_mean: torch.Tensor, module_chol: torch.Tensor,
+                          module_prior_chol: torch.Tensor) -> ContrastiveQuadratic:
+    """The quadratic form of the contrastive sum over a batch of K modules (summed over them).
+
+    Args:
+        projection: B_k = L_**⁻¹K_*k, [K, M, M_k].
+        prior_cov: K_kk^{(*)}, the global kernel at the module inputs, [K, M_k, M_k].
+        module_mean, module_chol, module_prior_chol: μ_k [K, M_k], chol S_k and chol K_kk^{(k)}
+            [K, M_k, M_k].
+    """
+    site = triangular_solve(module_chol, projection.mT)  # L_k⁻¹B_kᵀ
+    prior_site = triangular_solve(module_prior_chol, projection.mT)  # L_pk⁻¹B_kᵀ
+    whitened_mean = triangular_solve(module_chol, module_mean.unsqueeze(-1))  # L_k⁻¹μ_k
+    stacked_site = site.reshape(-1, site.shape[-1])  # Σ_k over modules as one product
+    stacked_prior_site = prior_site.reshape(-1, site.shape[-1])
+    precision = stacked_site.mT @ stacked_site - stacked_prior_site.mT @ stacked_prior_site
+    shift = stacked_site.mT @ whitened_mean.reshape(-1)
+    site_trace_q = (trace_of_solve(module_chol, prior_cov)  # tr(P_k Q_k)
+                    - trace_of_solve(module_prior_chol, prior_cov)
+                    - site.square().sum((-2, -1)) + prior_site.square().sum((-2, -1)))
+    constant = -0.5 * (site_trace_q + whitened_mean.square().sum((-2, -1))
+                       + logdet_from_cholesky(module_chol)
+                       - logdet_from_cholesky(module_prior_chol)).sum()
+    return ContrastiveQuadratic(precision, shift, constant)
+
+
+class SiteParameters(NamedTuple):
+    """The q-independent parameters of a module's site q_k(u_k)/p_k(u_k), batched over modules."""
+
+    precision: torch.Tensor  # P_k = S_k⁻¹ − K_kk^{(k)−1}, symmetric, [..., M_k, M_k]
+    shift: torch.Tensor  # b_k = S_k⁻¹μ_k, [..., M_k]
+    constant: torch.Tensor  # μ_kᵀS_k⁻¹μ_k + log|S_k| − log|K_kk^{(k)}|, [...]
+
+
+def site_parameters(module_mean: torch.Tensor, module_chol: torch.Tensor,
+                    module_prior_chol: torch.Tensor) -> SiteParameters:
+    """P_k, b_k and the constant of the site of each module from μ_k [..., M_k], chol S_k and
+    chol K_kk^{(k)} [..., M_k, M_k] (inverse factors by triangular solves with the identity)."""
+    eye = torch.eye(module_chol.shape[-1], dtype=module_chol.dtype, device=module_chol.device)
+    inverse_chol = triangular_solve(module_chol, eye)  # L_k⁻¹
+    inverse_prior_chol = triangular_solve(module_prior_chol, eye)  # L_pk⁻¹
+    precision = inverse_chol.mT @ inverse_chol - inverse_prior_chol.mT @ inverse_prior_chol
+    precision = 0.5 * (precision + precision.mT)
+    whitened_mean = (inverse_chol @ module_mean.unsqueeze(-1)).squeeze(-1)  # L_k⁻¹μ_k
+    shift = (inverse_chol.mT @ whitened_mean.unsqueeze(-1)).squeeze(-1)
+    constant = (whitened_mean.square().sum(-1) + logdet_from_cholesky(module_chol)
+                - logdet_from_cholesky(module_prior_chol))
+    return SiteParameters(precision, shift, constant)
+
+
+#: Largest block size M_k multiplied entry by entry (fused multiply-adds over all modules at
+#: once); larger blocks use a batched matrix product.
+ELEMENTWISE_BLOCK_LIMIT = 16
+
+
+class _SiteGram(torch.autograd.Function):
+    """[Kᵀ P K | Kᵀ b] [M, M + 1] for K [N, M], a constant symmetric block-diagonal P (blocks P_k
+    stacked per M_k-group) and a constant b [N]. The gradient Ḡ ↦ [P K | b] [Ḡ_P + Ḡ_Pᵀ; ḡ_bᵀ]
+    is one product with the saved [P K | b]."""
+
+    @staticmethod
+    def forward(ctx, cross: torch.Tensor, shift: torch.Tensor, *precisions: torch.Tensor
+                ) -> torch.Tensor:
+        size = cross.shape[-1]
+        stacked = cross.new_empty(cross.shape[0], size + 1)
+        block_diagonal_product(precisions, cross, out=stacked[:, :size])
+        stacked[:, size] = shift
+        ctx.save_for_backward(stacked)
+        ctx.num_constants = 1 + len(precisions)
+        return cross.mT @ stacked
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (stacked,) = ctx.saved_tensors
+        size = grad.shape[0]
+        gram_grad = grad[:, :size]
+        coefficients = torch.cat([gram_grad + gram_grad.mT, grad[:, size].unsqueeze(0)])
+        return (stacked @ coefficients, *([None] * ctx.num_constants))
+
+
+def block_diagonal_product(precisions: Sequence[torch.Tensor], matrix: torch.Tensor,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """blockdiag(P_1, …, P_K) @ A for A [N, M] with the blocks given per group as
+    [G, M_k, M_k] (N = Σ G M_k, groups in order), written into ``out`` [N, M] if given (it may
+    be a column slice of a wider matrix). Small blocks are applied entry by entry — M_k fused
+    multiply-adds over the whole group, much faster than G tiny matrix products."""
+    out = torch.empty_like(matrix) if out is None else out
+    start = 0
+    for blocks in precisions:
+        count, size = blocks.shape[0], blocks.shape[-1]
+        rows = slice(start, start + count * size)
+        source = matrix[rows].reshape(count, size, -1)
+        target = out[rows].view(count, size, -1)
+        if size <= ELEMENTWISE_BLOCK_LIMIT:
+            torch.mul(blocks[:, :, 0, None], source[:, None, 0, :], out=target)
+            for i in range(1, size):
+                target.addcmul_(blocks[:, :, i, None], source[:, None, i, :])
+        else:
+            target.copy_(blocks @ source)
+        start += count * size
+    return out
+
+
+def site_quadratic(cross: torch.Tensor, prior_chol: torch.Tensor,
+                   precisions: Sequence[torch.Tensor], shift: torch.Tensor,
+                   site_trace: torch.Tensor, site_constant: torch.Tensor
+                   ) -> ContrastiveQuadratic:
+    """The quadratic form of the contrastive sum from the site parameters of all modules at once.
+
+    With the N = Σ_k M_k module inducing inputs stacked, K_·* = [K_1*; …; K_K*] [N, M] and
+    P = blockdiag(P_k): P_w = L_**⁻¹ K_*· P K_·* L_**⁻ᵀ = Σ_k B_kP_kB_kᵀ, η_w = L_**⁻¹K_*· b and,
+    as Σ_k tr(P_k B_kᵀB_k) = tr(P_w), c = −½[Σ_k tr(P_k K_kk^{(*)}) − tr(P_w) + Σ_k constant_k].
+    The cost is linear in N: M_k passes over K_·* for the block product, one product of K_·*ᵀ
+    with [P K_·* | b] (and one more in the gradient) and O(M³) algebra.
+
+    Args:
+        cross: K_·* [N, M], modules in group order.
+        prior_chol: L_** [M, M].
+        precisions: P_k per M_k-group, [G, M_k, M_k] (constants: no gradient flows to them).
+        shift: b = (b_1, …, b_K) [N].
+        site_trace: Σ_k tr(P_k K_kk^{(*)}) [].
+        site_constant: Σ_k (μ_kᵀS_k⁻¹μ_k + log|S_k| − log|K_kk^{(k)}|) [].
+    """
+    size = cross.shape[-1]
+    products = _SiteGram.apply(cross, shift.detach(), *(p.detach() for p in precisions))
+    half = triangular_solve(prior_chol, products)  # L_**⁻¹ [K_*· P K_·* | K_*· b]
+    precision = triangular_solve(prior_chol, half[:, :size].mT)
+    precision = 0.5 * (precision + precision.mT)
+    whitened_shift = half[:, size]
+    constant = -0.5 * (site_trace - precision.diagonal().sum() + site_constant)
+    return ContrastiveQuadratic(precision, whitened_shift, constant)
+
+
+def evaluate_quadratic(quadratic: ContrastiveQuadratic, mean: torch.Tensor, chol: torch.Tensor
+                       ) -> torch.Tensor:
+    """−½tr(P S) − ½mᵀPm + ηᵀm + c at q = N(m, S = LLᵀ)."""
+    precision, shift, constant = quadratic
+    spread = (precision @ chol * chol).sum()
+    return (-0.5 * (spread + mean @ precision @ mean) + shift @ mean + constant)

@@ -1,0 +1,155 @@
+"""Batched stationary kernels: RBF and Matérn 1/2, 3/2, 5/2, isotropic or ARD.
+
+One kernel object holds the hyperparameters of many GPs at once: ``lengthscale`` has shape
+``[*batch, D]`` (ARD) or ``[*batch, 1]`` (isotropic) and ``variance`` has shape ``[*batch]``.
+Inputs ``X`` of shape ``[*batch, N, D]`` give covariances ``[*batch, N, M]``, so K partitions with
+their own hyperparameters are evaluated in one call. Positive parameters are Pyro parameters with
+a positivity constraint (optimised in unconstrained log space).
+
+The functional form :func:`stationary_covariance` serves frozen modules, which carry plain tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
+
+from pyrogp_models.kernels.fused_rbf import rbf_weighted_cross_covariance, rbf_weighted_gram
+
+#: Smallest squared distance fed to a square root, keeping Matérn gradients finite at r = 0.
+_MIN_SQUARED_DISTANCE = 1e-36
+
+
+def _rbf(r2: torch.Tensor) -> torch.Tensor:
+    """exp(−r²/2)."""
+    return torch.exp(-0.5 * r2)
+
+
+def _matern12(r2: torch.Tensor) -> torch.Tensor:
+    """exp(−r)."""
+    return torch.exp(-r2.clamp_min(_MIN_SQUARED_DISTANCE).sqrt())
+
+
+def _matern32(r2: torch.Tensor) -> torch.Tensor:
+    """(1 + √3 r) exp(−√3 r)."""
+    s = math.sqrt(3.0) * r2.clamp_min(_MIN_SQUARED_DISTANCE).sqrt()
+    return (1.0 + s) * torch.exp(-s)
+
+
+def _matern52(r2: torch.Tensor) -> torch.Tensor:
+    """(1 + √5 r + 5r²/3) exp(−√5 r)."""
+    s = math.sqrt(5.0) * r2.clamp_min(_MIN_SQUARED_DISTANCE).sqrt()
+    return (1.0 + s + 5.0 / 3.0 * r2) * torch.exp(-s)
+
+
+#: Correlation profile of each kernel family as a function of the scaled squared distance r².
+PROFILES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "rbf": _rbf,
+    "matern12": _matern12,
+    "matern32": _matern32,
+    "matern52": _matern52,
+}
+
+
+def scaled_squared_distance(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor
+                            ) -> torch.Tensor:
+    """r²_nm = Σ_d (x_nd − z_md)²/ℓ_d²; [*batch, N, D] × [*batch, M, D] → [*batch, N, M]."""
+    scale = lengthscale.unsqueeze(-2)
+    Xs, Zs = X / scale, Z / scale
+    r2 = (Xs.square().sum(-1).unsqueeze(-1) + Zs.square().sum(-1).unsqueeze(-2)
+          - 2.0 * Xs @ Zs.mT)
+    return r2.clamp_min(0.0)
+
+
+def stationary_covariance(family: str, X: torch.Tensor, Z: torch.Tensor,
+                          lengthscale: torch.Tensor, variance: torch.Tensor) -> torch.Tensor:
+    """k(X, Z) = σ² ρ(r²) for the named family, batched over leading dimensions."""
+    r2 = scaled_squared_distance(X, Z, lengthscale)
+    return variance.unsqueeze(-1).unsqueeze(-1) * PROFILES[family](r2)
+
+
+def stationary_diagonal(X: torch.Tensor, variance: torch.Tensor) -> torch.Tensor:
+    """diag k(X, X) = σ² for every stationary kernel; [*batch, N]."""
+    return variance.unsqueeze(-1).expand(*variance.shape, X.shape[-2])
+
+
+class Stationary(PyroModule):
+    """A batch of stationary kernels of one family.
+
+    Args:
+        family: one of :data:`PROFILES` (``"rbf"``, ``"matern12"``, ``"matern32"``, ``"matern52"``).
+        input_dim: D.
+        batch_shape: leading shape of the hyperparameters (e.g. ``(K,)`` for K partitions).
+        ard: one lengthscale per input dimension instead of one shared lengthscale.
+        lengthscale, variance: initial values (scalars or broadcastable tensors).
+    """
+
+    def __init__(self, family: str, input_dim: int, batch_shape: tuple[int, ...] = (),
+                 ard: bool = False, lengthscale: float | torch.Tensor = 1.0,
+                 variance: float | torch.Tensor = 1.0, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None):
+        super().__init__()
+        if family not in PROFILES:
+            raise ValueError(f"unknown kernel family '{family}'; choose from {sorted(PROFILES)}")
+        self.family = family
+        self.input_dim = input_dim
+        self.ard = ard
+        self.batch_shape = torch.Size(batch_shape)
+        dtype = dtype or torch.get_default_dtype()
+        lengthscale_shape = (*batch_shape, input_dim if ard else 1)
+        self.lengthscale = PyroParam(
+            torch.as_tensor(lengthscale, dtype=dtype, device=device)
+            .expand(lengthscale_shape).clone(), constraint=constraints.positive)
+        self.variance = PyroParam(
+            torch.as_tensor(variance, dtype=dtype, device=device).expand(batch_shape).clone(),
+            constraint=constraints.positive)
+
+    def forward(self, X: torch.Tensor, Z: torch.Tensor | None = None) -> torch.Tensor:
+        """Covariance k(X, Z) of shape [*batch, N, M] (k(X, X) when Z is None)."""
+        return stationary_covariance(self.family, X, X if Z is None else Z,
+                                     self.lengthscale, self.variance)
+
+    def diag(self, X: torch.Tensor) -> torch.Tensor:
+        """diag k(X, X) of shape [*batch, N]."""
+        return stationary_diagonal(X, self.variance)
+
+    def weighted_cross(self, X: torch.Tensor, Z: torch.Tensor,
+                       weights: torch.Tensor | None = None) -> torch.Tensor:
+        """√w_n k(x_n, z_m) of shape [*batch, N, M] (w = 1 when ``weights`` is None); fused into
+        one product and one exponential for the RBF (:mod:`pyrogp_models.kernels.fused_rbf`)."""
+        if self.family == "rbf":
+            return rbf_weighted_cross_covariance(X, Z, self.lengthscale, self.variance, weights)
+        cross = self(X, Z)
+        return cross if weights is None else cross * weights.sqrt().unsqueeze(-1)
+
+    def weighted_gram(self, X: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor,
+                      y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ψ₂ = k(Z, X)Wk(X, Z) [*batch, M, M] and Ψ₁ = k(Z, X)Wy [*batch, M] (W = diag w)."""
+        if self.family == "rbf":
+            return rbf_weighted_gram(X, Z, self.lengthscale, self.variance, weights, y)
+        G = self.weighted_cross(X, Z, weights)
+        return G.mT @ G, (G.mT @ (weights.sqrt() * y).unsqueeze(-1)).squeeze(-1)
+
+
+def RBF(input_dim: int, **kwargs) -> Stationary:
+    """Squared-exponential kernel σ² exp(−r²/2)."""
+    return Stationary("rbf", input_dim, **kwargs)
+
+
+def Matern12(input_dim: int, **kwargs) -> Stationary:
+    """Matérn ν = 1/2 (exponential) kernel."""
+    return Stationary("matern12", input_dim, **kwargs)
+
+
+def Matern32(input_dim: int, **kwargs) -> Stationary:
+    """Matérn ν = 3/2 kernel."""
+    return Stationary("matern32", input_dim, **kwargs)
+
+
+def Matern52(input_dim: int, **kwargs) -> Stationary:
+    """Matérn ν = 5/2 kernel."""
+    return Stationary("matern52", input_dim, **kwargs)

@@ -1,0 +1,168 @@
+"""Mean-field optimum by backfitting: the fast O(n m²) inner solver.
+
+For a Gaussian likelihood and fixed (θ, Z, cuts), the optimal mean-field q(v_j) given the other
+regions is Titsias' optimum for the residual r⁽ʲ⁾ = y − Σ_{l≠j} μ_·l with kernel k_j. Whitened, with
+A_j = L_j⁻¹ k_j(Z_j, X_{D_j}) on region j's halo:
+
+    B̃_jj = I + A_j A_jᵀ/σ²,   S_j = B̃_jj⁻¹ (independent of the others),   m_j = B̃_jj⁻¹A_j r⁽ʲ⁾/σ².
+
+Updating every region in turn is block Gauss–Seidel on a concave quadratic, so the ELBO rises
+monotonically to the global mean-field optimum. Regions whose halos share no point do not interact,
+so each colour class of the region graph is updated at once (vectorised); a sweep costs
+(number of colours) × O(n m²), and in 1-D two or three colours suffice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
+from pyrogp_models.gaussian.linalg import cholesky, cholesky_solve
+from pyrogp_models.models.distributed_kernel.halo import Halo, greedy_colouring, region_graph
+from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
+
+
+@dataclass
+class BackfitResult:
+    """ELBO after each sweep (the first entry is before any mean update) and the stop reason."""
+
+    elbos: list[float] = field(default_factory=list)
+    sweeps: int = 0
+    converged: bool = False
+
+
+def region_colours(model: DistributedKernelGP) -> torch.Tensor:
+    """A colouring [J] of the region graph for the current ℓ, cuts and halo threshold."""
+    lower, upper = model.regions.bounds()
+    ell = model.regions.active_lengthscale(model.kernel.lengthscale)
+    if not model.regions.active_dims:
+        return torch.zeros(model.num_regions, dtype=torch.long)
+    return greedy_colouring(region_graph(lower, upper, ell, model.halo_eps))
+
+
+@torch.no_grad()
+def backfit(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
+            max_sweeps: int = 100, tol: float = 1e-10, halo: Halo | None = None,
+            colours: torch.Tensor | None = None) -> BackfitResult:
+    """Overwrite the mean-field q(v) with the optimum for the current θ, Z and cuts.
+
+    Covariances are set to B̃_jj⁻¹ once; means start from the current ``q_mean`` (warm start) and
+    are updated colour by colour until no mean moves by more than ``tol`` (relative to the
+    largest mean) in a sweep. The ELBO after every sweep is recorded.
+    """
+    if model.variational != "meanfield" or model.likelihood.name != "gaussian":
+        raise ValueError("backfitting needs the mean-field variant and a Gaussian likelihood")
+    noise = model.likelihood.variance
+    halo, A, prior_diag, _ = model.projections(X, halo)
+    colours = region_colours(model) if colours is None else colours
+    colours = colours.to(X.device)
+    eye = torch.eye(model.num_inducing, dtype=A.dtype, device=A.device)
+    B_chol = cholesky(eye + A @ A.mT / noise, 0.0, what="backfitting matrix I + A_jA_jᵀ/σ²")
+    q_sqrt = cholesky(torch.cholesky_inverse(B_chol), 0.0, what="optimal q(v_j) covariance")
+    var = halo.scatter(prior_diag - A.square().sum(-2) + (q_sqrt.mT @ A).square().sum(-2))
+    y_pairs = halo.gather(y) * halo.mask
+    mean = model.q_mean.detach().clone()
+    mean_pairs = (A * mean.unsqueeze(-1)).sum(-2) * halo.mask                 # [J, P]
+    total = halo.scatter(mean_pairs)
+    kl_cov = kl_to_standard_normal(torch.zeros_like(mean), q_sqrt).sum()
+    n = X.shape[0]
+
+    def elbo() -> float:
+        data = (-0.5 * n * torch.log(2 * math.pi * noise)
+                - 0.5 * ((y - total).square() + var).sum() / noise)
+        return float(data - kl_cov - 0.5 * mean.square().sum())
+
+    result = BackfitResult(elbos=[elbo()])
+    groups = [torch.nonzero(colours == c).flatten() for c in torch.unique(colours).tolist()]
+    for _ in range(max_sweeps):
+        previous = mean.clone()
+        for group in groups:
+            index, mask = halo.index[group], halo.mask[group]
+            residual = y_pairs[group] - total[index] * mask + mean_pairs[group]
+            rhs = (A[group] @ residual.unsqueeze(-1)) / noise
+            mean[group] = cholesky_solve(B_chol[group], rhs).squeeze(-1)
+            new_pairs = (A[group] * mean[group].unsqueeze(-1)).sum(-2) * mask
+            total = total.index_add(0, index.reshape(-1),
+                                    (new_pairs - mean_pairs[group]).reshape(-1))
+            mean_pairs[group] = new_pairs
+        result.elbos.append(elbo())
+        result.sweeps += 1
+        change = float((mean - previous).abs().max())
+        if change <= tol * max(float(mean.abs().max()), 1.0):
+            result.converged = True
+            break
+    model.set_whitened_posterior(mean, q_sqrt)
+    return result
+
+
+@dataclass
+class SolveResult:
+    """Relative residual ‖b − Hm‖/‖b‖ after each conjugate-gradient iteration."""
+
+    residuals: list[float] = field(default_factory=list)
+    iterations: int = 0
+    converged: bool = False
+
+
+@torch.no_grad()
+def solve_meanfield(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
+                    max_iters: int = 500, tol: float = 1e-10, halo: Halo | None = None,
+                    projections=None) -> SolveResult:
+    """Overwrite the mean-field q(v) with its optimum by block-Jacobi-preconditioned CG.
+
+    The optimal means solve the same ridge system as backfitting, H m = Ãy/σ² with
+    H = I + ÃÃᵀ/σ² (they equal the joint optimum, see :mod:`.collapsed`); backfitting is block
+    Gauss–Seidel on it and crawls when neighbouring regions explain the same data (small σ², wide
+    halos), so this solver runs conjugate gradients preconditioned by the diagonal blocks B̃_jj
+    instead.
+    A matrix–vector product with H costs O(Σ_j |D_j| m) through the halo; the preconditioner
+    O(J m²); all regions at once. Covariances are set to B̃_jj⁻¹ as in :func:`backfit`.
+    ``projections`` reuses :meth:`DistributedKernelGP.projections` output (e.g. from a training
+    step that differentiates the ELBO through it afterwards).
+    """
+    if model.variational != "meanfield" or model.likelihood.name != "gaussian":
+        raise ValueError("the mean-field solver needs the mean-field variant and a Gaussian "
+                         "likelihood")
+    noise = model.likelihood.variance.detach()
+    halo, A, _, _ = model.projections(X, halo) if projections is None else projections
+    A = A.detach()
+    eye = torch.eye(model.num_inducing, dtype=A.dtype, device=A.device)
+    B_chol = cholesky(eye + A @ A.mT / noise, 0.0, what="block matrix I + A_jA_jᵀ/σ²")
+
+    def apply(v: torch.Tensor) -> torch.Tensor:                # H v, v [J, m]
+        f = halo.scatter((A * v.unsqueeze(-1)).sum(-2))
+        return v + (A @ halo.gather(f).unsqueeze(-1)).squeeze(-1) / noise
+
+    def precondition(r: torch.Tensor) -> torch.Tensor:
+        return cholesky_solve(B_chol, r.unsqueeze(-1)).squeeze(-1)
+
+    b = (A @ halo.gather(y).unsqueeze(-1)).squeeze(-1) / noise
+    b_norm = float(b.norm()) or 1.0
+    mean = model.q_mean.detach().clone()
+    residual = b - apply(mean)
+    z = precondition(residual)
+    direction = z.clone()
+    rz = (residual * z).sum()
+    result = SolveResult(residuals=[float(residual.norm()) / b_norm])
+    for _ in range(max_iters):
+        if result.residuals[-1] <= tol:
+            result.converged = True
+            break
+        Hd = apply(direction)
+        step = rz / (direction * Hd).sum()
+        mean = mean + step * direction
+        residual = residual - step * Hd
+        z = precondition(residual)
+        rz_new = (residual * z).sum()
+        direction = z + (rz_new / rz) * direction
+        rz = rz_new
+        result.iterations += 1
+        result.residuals.append(float(residual.norm()) / b_norm)
+    else:
+        result.converged = result.residuals[-1] <= tol
+    q_sqrt = cholesky(torch.cholesky_inverse(B_chol), 0.0, what="optimal q(v_j) covariance")
+    model.set_whitened_posterior(mean, q_sqrt)
+    return result

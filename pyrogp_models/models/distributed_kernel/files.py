@@ -1,0 +1,347 @@
+"""Distributed-kernel files: one fitted :class:`DistributedKernelGP` in one safetensors file.
+
+The style of module files (:mod:`pyrogp_models.modules.files`): the header's ``__metadata__`` holds
+a
+JSON record (``"format": "pyrogp-distkernel"``, format version, kernel family and ARD, likelihood
+name and options, variational family, region structure, standardisation, N, ELBO, features and
+target) and a SHA-256 digest of the record and every tensor. The tensors are the cut values of each
+active dimension (``cuts.<d>``), Z [J, m, D], the whitened q(v) (``q_mean``, ``q_sqrt``) and the
+hyperparameters (``kernel.*``, ``likelihood.*``), all in standardised units. Loading checks the
+digest, every shape and value, and never unpickles; any problem raises :class:`ModuleFileError`
+naming the file.
+
+:class:`DistributedKernelPredictor` is the fitted model under the predictor protocol of
+:mod:`pyrogp_models.modules.routing`: it takes and returns data units.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from pyrogp_models.data import Standardisation
+from pyrogp_models.errors import CholeskyError, ModuleFileError
+from pyrogp_models.kernels import RBF
+from pyrogp_models.likelihoods import LIKELIHOODS, make_likelihood
+from pyrogp_models.models.distributed_kernel.model import VARIATIONAL, DistributedKernelGP
+from pyrogp_models.models.distributed_kernel.regions import Regions
+from pyrogp_models.modules.files import _digest, atomic_write
+
+FORMAT = "pyrogp-distkernel"
+FORMAT_VERSION = 1
+#: safetensors refuses headers above 100 MB; anything larger is not one of ours.
+_MAX_HEADER = 100_000_000
+
+
+class DistributedKernelPredictor:
+    """A fitted distributed-kernel GP with its standardisation; inputs and outputs in data units.
+
+    ``info`` (``features``, ``target``, ...) and ``input_dim`` are as on a
+    :class:`~pyrogp_models.modules.record.Module`, so the command line reads inputs for both alike.
+    """
+
+    def __init__(self, model: DistributedKernelGP, standardisation: Standardisation,
+                 num_data: int, elbo: float, info: dict | None = None):
+        self.model = model
+        self.standardisation = standardisation
+        self.num_data = int(num_data)
+        self.elbo = float(elbo)
+        self.info = dict(info or {})
+        self.likelihood_name = model.likelihood.name
+        self.is_classifier = LIKELIHOODS[self.likelihood_name].is_classifier
+        self.feature_names = self.info.get("features")
+        self.target_name = self.info.get("target")
+
+    @property
+    def input_dim(self) -> int:
+        return self.model.regions.input_dim
+
+    def _inputs(self, X) -> torch.Tensor:
+        X = torch.as_tensor(X, dtype=self.model.inducing.dtype)
+        return self.standardisation.transform_x(X)
+
+    @torch.no_grad()
+    def predict_f(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latent mean and variance [N] in model units (standardised for Gaussian targets)."""
+        return self.model.predict_latent(self._inputs(X))
+
+    @torch.no_grad()
+    def predict_y(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, var = self.model.likelihood.predictive_moments(*self.predict_f(X))
+        if self.model.likelihood.standardise_targets:
+            return (self.standardisation.inverse_y_mean(mean),
+                    self.standardisation.inverse_y_var(var))
+        return mean, var
+
+    @torch.no_grad()
+    def log_predictive(self, X, y, labels=None) -> torch.Tensor:
+        likelihood = self.model.likelihood
+        y = torch.as_tensor(y, dtype=self.model.inducing.dtype)
+        likelihood.validate_targets(y)
+        mean, var = self.predict_f(X)
+        if not likelihood.standardise_targets:
+            return likelihood.log_predictive(y, mean, var)
+        log_scale = math.log(self.standardisation.y_scale)
+        return likelihood.log_predictive(self.standardisation.transform_y(y), mean, var) - log_scale
+
+    @torch.no_grad()
+    def describe(self) -> str:
+        """A few lines: regions (cuts in data units), m, hyperparameters, likelihood, ELBO."""
+        model = self.model
+        names = self.feature_names or [f"x{d}" for d in range(self.input_dim)]
+        kind = "mean-field" if model.variational == "meanfield" else "joint"
+        lines = [f"distributed-kernel GP: {model.num_regions} regions × {model.num_inducing} "
+                 f"inducing inputs (M = {model.num_regions * model.num_inducing}), {kind} q",
+                 *self._describe_regions(names)]
+        ard = " (ARD)" if model.kernel.ard else ""
+        lengthscale = ", ".join(f"{v:.4g}" for v in model.kernel.lengthscale.tolist())
+        lines.append(f"kernel: rbf{ard}, lengthscale {lengthscale}, "
+                     f"signal variance {float(model.kernel.variance):.4g}")
+        settings = [f"{k}={v}" for k, v in model.likelihood.options().items()]
+        settings += [f"{k}={float(v):.4g}" for k, v in model.likelihood.parameter_values().items()]
+        lines.append(f"likelihood: {self.likelihood_name}"
+                     + (f" ({', '.join(settings)})" if settings else ""))
+        lines.append(f"N = {self.num_data}, ELBO = {self.elbo:.6g}")
+        if self.feature_names is not None:
+            lines.append(f"features: {', '.join(self.feature_names)}; target: {self.target_name}")
+        lines.append("hyperparameters and ELBO refer to the standardised data")
+        return "\n".join(lines)
+
+    def _describe_regions(self, names: list[str]) -> list[str]:
+        regions = self.model.regions
+        if not regions.active_dims:
+            return ["regions: the whole input space"]
+        s = self.standardisation
+        lower, upper = regions.full_bounds()
+        lower = lower * torch.as_tensor(s.x_scale) + torch.as_tensor(s.x_mean)
+        upper = upper * torch.as_tensor(s.x_scale) + torch.as_tensor(s.x_mean)
+        if len(regions.active_dims) == 1:
+            d = regions.active_dims[0]
+            cuts = sorted(float(v) for v in lower[:, d] if math.isfinite(v))
+            return [f"cuts along {names[d]} (data units): {', '.join(f'{c:.4g}' for c in cuts)}"]
+        return [f"region {j}: " + ", ".join(
+            f"{names[d]} ∈ [{float(lower[j, d]):.4g}, {float(upper[j, d]):.4g})"
+            for d in regions.active_dims) for j in range(regions.num_regions)]
+
+
+# Writing ----------------------------------------------------------------------------------------
+def predictor_to_bytes(predictor: DistributedKernelPredictor) -> bytes:
+    """Serialise a fitted distributed-kernel GP to the bytes of a safetensors file."""
+    model = predictor.model
+    regions = model.regions
+    values = regions.cut_values()
+    tensors = {f"cuts.{d}": values[a, :int(regions.num_cuts[a])]
+               for a, d in enumerate(regions.active_dims)}
+    tensors.update({"inducing": model.inducing, "q_mean": model.q_mean,
+                    "q_sqrt": model.q_sqrt, "kernel.lengthscale": model.kernel.lengthscale,
+                    "kernel.variance": model.kernel.variance})
+    tensors.update({f"likelihood.{k}": v
+                    for k, v in model.likelihood.parameter_values().items()})
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    record = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "kernel": {"family": model.kernel.family, "ard": bool(model.kernel.ard),
+                   "input_dim": regions.input_dim},
+        "likelihood": {"name": model.likelihood.name, "options": model.likelihood.options()},
+        "variational": model.variational,
+        "regions": {"active_dims": list(regions.active_dims),
+                    "lower_index": regions.lower_index.tolist(),
+                    "upper_index": regions.upper_index.tolist()},
+        "jitter": float(model.jitter),
+        "halo_eps": float(model.halo_eps),
+        "standardisation": predictor.standardisation.to_dict(),
+        "num_data": predictor.num_data,
+        "elbo": predictor.elbo,
+        "info": predictor.info,
+    }
+    record_json = json.dumps(record, sort_keys=True)
+    metadata = {"pyrogp": record_json, "sha256": _digest(record_json, tensors)}
+    return save_safetensors(tensors, metadata=metadata)
+
+
+def save_distributed_kernel(predictor: DistributedKernelPredictor, path: str | Path) -> Path:
+    """Write one distributed-kernel file atomically; returns its path."""
+    path = Path(path)
+    atomic_write(path, predictor_to_bytes(predictor))
+    return path
+
+
+# Reading ----------------------------------------------------------------------------------------
+def is_distributed_kernel_file(path: str | Path) -> bool:
+    """Whether ``path`` is a file whose header names this format (reads the header only)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        with path.open("rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            if size > _MAX_HEADER:
+                return False
+            record = json.loads(json.loads(handle.read(size))["__metadata__"]["pyrogp"])
+        return record.get("format") == FORMAT
+    except Exception:  # noqa: BLE001 — unreadable means "not ours"; the loader explains why
+        return False
+
+
+def load_distributed_kernel(path: str | Path) -> DistributedKernelPredictor:
+    """Read and validate a distributed-kernel file; any problem raises :class:`ModuleFileError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModuleFileError(f"{path}: no such distributed-kernel file")
+    return predictor_from_bytes(path.read_bytes(), str(path))
+
+
+def predictor_from_bytes(data: bytes, source: str = "<bytes>") -> DistributedKernelPredictor:
+    """Parse and validate the bytes of a distributed-kernel file."""
+
+    def fail(reason: str) -> ModuleFileError:
+        return ModuleFileError(f"{source}: {reason}")
+
+    try:
+        (header_size,) = struct.unpack("<Q", data[:8])
+        metadata = json.loads(data[8:8 + header_size])["__metadata__"]
+        tensors = load_safetensors(data)
+        record_json = metadata["pyrogp"]
+        record = json.loads(record_json)
+        digest = _digest(record_json, tensors)
+    except Exception as error:  # noqa: BLE001 — any parse failure means a broken file
+        raise fail(f"not a readable distributed-kernel file ({type(error).__name__})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise fail("not a pyrogp distributed-kernel file")
+    if digest != metadata.get("sha256"):
+        raise fail("checksum mismatch: the file was corrupted or modified")
+    version = record.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise fail(f"format version {version} is newer than this library's {FORMAT_VERSION}")
+    try:
+        predictor = _build(record, tensors, fail)
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        raise fail(f"invalid record ({type(error).__name__}: {error})") from None
+    try:
+        predictor.model.prior_cholesky()
+    except CholeskyError:
+        raise fail("the prior covariance k_j(Z_j, Z_j) is not positive definite") from None
+    return predictor
+
+
+def _build(record: dict[str, Any], tensors: dict[str, torch.Tensor], fail
+           ) -> DistributedKernelPredictor:
+    """Check every field of a parsed file and assemble the predictor."""
+    kernel, likelihood_record = record["kernel"], record["likelihood"]
+    if kernel["family"] != "rbf":
+        raise fail(f"kernel family '{kernel['family']}' cannot be split; only 'rbf' can")
+    if record["variational"] not in VARIATIONAL:
+        raise fail(f"unknown variational family '{record['variational']}'")
+    if likelihood_record["name"] not in LIKELIHOODS:
+        raise fail(f"unknown likelihood '{likelihood_record['name']}'")
+    input_dim = int(kernel["input_dim"])
+    _check_tensors(tensors, record, input_dim, fail)
+    inducing = tensors["inducing"]
+    regions = _regions(record["regions"], tensors, input_dim, inducing.shape[0], fail)
+    standardisation = _standardisation(record["standardisation"], input_dim, fail)
+    jitter, halo_eps = float(record["jitter"]), float(record["halo_eps"])
+    if not (math.isfinite(jitter) and jitter >= 0 and 0 <= halo_eps < 1):
+        raise fail("jitter must be finite and ≥ 0, halo_eps in [0, 1)")
+    info = record["info"]
+    features = info.get("features")
+    if features is not None and (len(features) != input_dim
+                                 or not all(isinstance(f, str) for f in features)):
+        raise fail(f"features {features} do not name the {input_dim} inputs")
+    parameters = {k.split(".", 1)[1]: v for k, v in tensors.items()
+                  if k.startswith("likelihood.")}
+    model = DistributedKernelGP(
+        regions, inducing,
+        RBF(input_dim, ard=bool(kernel["ard"]), lengthscale=tensors["kernel.lengthscale"],
+            variance=tensors["kernel.variance"], dtype=inducing.dtype),
+        make_likelihood(likelihood_record["name"], (), inducing.dtype, None,
+                        **likelihood_record["options"], **parameters),
+        variational=record["variational"], learn_inducing=False, jitter=jitter,
+        halo_eps=halo_eps)
+    model.set_whitened_posterior(tensors["q_mean"], tensors["q_sqrt"])
+    model.requires_grad_(False)
+    return DistributedKernelPredictor(model, standardisation, int(record["num_data"]),
+                                      float(record["elbo"]), info)
+
+
+def _check_tensors(tensors: dict[str, torch.Tensor], record: dict[str, Any], input_dim: int,
+                   fail) -> None:
+    """One floating dtype, finite values, the shapes the record implies, positive parameters and
+    a lower Cholesky factor with a positive diagonal."""
+    inducing = tensors["inducing"]
+    if input_dim < 1 or inducing.dim() != 3 or inducing.shape[-1] != input_dim:
+        raise fail(f"inducing has shape {list(inducing.shape)}, expected [J, m, {input_dim}]")
+    if not inducing.is_floating_point():
+        raise fail(f"inducing has dtype {inducing.dtype}, expected floating point")
+    for name, tensor in tensors.items():
+        if tensor.dtype != inducing.dtype:
+            raise fail(f"{name} has dtype {tensor.dtype}, expected {inducing.dtype}")
+        if not bool(torch.isfinite(tensor).all()):
+            raise fail(f"{name} contains NaN or inf")
+    likelihood = LIKELIHOODS[record["likelihood"]["name"]]
+    parameters = {k.split(".", 1)[1] for k in tensors if k.startswith("likelihood.")}
+    if parameters != set(likelihood.PARAMETERS):
+        raise fail(f"likelihood parameters {sorted(parameters)} do not match {likelihood.name}")
+    J, m, _ = inducing.shape
+    meanfield = record["variational"] == "meanfield"
+    expected = {"q_mean": (J, m) if meanfield else (J * m,),
+                "q_sqrt": (J, m, m) if meanfield else (J * m, J * m),
+                "kernel.lengthscale": (input_dim if record["kernel"]["ard"] else 1,),
+                "kernel.variance": (), **{f"likelihood.{k}": () for k in parameters}}
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != shape:
+            raise fail(f"{name} has shape {list(tensors[name].shape)}, expected {list(shape)}")
+    if not (bool((tensors["kernel.lengthscale"] > 0).all())
+            and float(tensors["kernel.variance"]) > 0):
+        raise fail("kernel lengthscale and variance must be positive")
+    for key, (_, constraint) in likelihood.PARAMETERS.items():
+        value = tensors[f"likelihood.{key}"]
+        if not bool(constraint.check(value).all()):
+            raise fail(f"likelihood parameter '{key}' = {float(value)} is out of its range")
+    q_sqrt = tensors["q_sqrt"]
+    if not bool((q_sqrt.diagonal(dim1=-2, dim2=-1) > 0).all()) or bool(q_sqrt.triu(1).any()):
+        raise fail("q_sqrt is not a lower Cholesky factor with a positive diagonal")
+
+
+def _standardisation(record: dict[str, Any], input_dim: int, fail) -> Standardisation:
+    standardisation = Standardisation.from_dict(record)
+    x_mean, x_scale = standardisation.x_mean, standardisation.x_scale
+    values = np.concatenate([x_mean, x_scale, [standardisation.y_mean, standardisation.y_scale]])
+    if (x_mean.shape != (input_dim,) or x_scale.shape != (input_dim,)
+            or not np.isfinite(values).all() or (x_scale <= 0).any()
+            or standardisation.y_scale <= 0):
+        raise fail("standardisation does not match the inputs or is not finite and positive")
+    return standardisation
+
+
+def _regions(record: dict[str, Any], tensors: dict[str, torch.Tensor], input_dim: int,
+             num_regions: int, fail) -> Regions:
+    """The partition of a file: cut values per active dimension, face indices per region."""
+    active_dims = [int(d) for d in record["active_dims"]]
+    cut_names = {k for k in tensors if k.startswith("cuts.")}
+    if cut_names != {f"cuts.{d}" for d in active_dims}:
+        raise fail(f"cut tensors {sorted(cut_names)} do not match active dimensions "
+                   f"{active_dims}")
+    cuts = [tensors[f"cuts.{d}"] for d in active_dims]
+    if any(c.dim() != 1 or c.numel() == 0 for c in cuts):
+        raise fail("cut values must be non-empty vectors")
+    lower = torch.tensor(record["lower_index"], dtype=torch.long)
+    upper = torch.tensor(record["upper_index"], dtype=torch.long)
+    if lower.shape != (num_regions, len(active_dims)) or upper.shape != lower.shape:
+        raise fail(f"face indices have shapes {list(lower.shape)} and {list(upper.shape)}, "
+                   f"expected [{num_regions}, {len(active_dims)}]")
+    counts = torch.tensor([c.numel() for c in cuts], dtype=torch.long)
+    if (bool(((lower < -1) | (lower >= counts) | (upper < -1) | (upper >= counts)).any())
+            or bool(((lower >= 0) & (upper >= 0) & (lower >= upper)).any())
+            or (not active_dims and num_regions != 1)):
+        raise fail("face indices do not describe boxes over the cut values")
+    # Regions checks the active dimensions and that cuts increase (ValueError → invalid record)
+    return Regions(input_dim, active_dims, cuts, lower, upper)

@@ -1,0 +1,509 @@
+"""The meta-GP of Recyclable GPs: one global sparse GP fitted to a dictionary of modules.
+
+It has its own inducing inputs Z_* [M, D], a global stationary kernel ψ_* and a whitened
+q(v) = N(m, LLᵀ) with u_* = L_** v (L_** = chol(K_** + jitter)). It maximises the ensemble bound
+(Recyclable GPs, eq. 6)
+
+    L_E = Σ_k E_{q_C(u_k)}[log q_k(u_k) − log p_k(u_k)] − KL[q(v) ‖ N(0, I)],
+
+with q_C the meta predictive at the module's inducing inputs (eq. 17, main-text "+" sign) built by
+the global kernel, q_k the module's posterior and p_k its prior under its own kernel and jitter.
+With new raw data the combined bound (eq. 19) adds Σ_i E_{q(f_i)}[log p(y_i | f_i)] and learns the
+new data's likelihood parameters. Modules may differ in kernel family, hyperparameters, M_k, Z_k
+and likelihood (heterogeneous modules share the one latent function).
+
+As a Pyro model, v is a sample site with a whitened N(0, I) prior and the guide is q(v), so
+``TraceMeanField_ELBO`` evaluates the KL analytically; the contrastive sum (and the data term)
+enter as ``pyro.factor`` sites in closed form, and :func:`inference.trainer.train` fits the model.
+
+Collapsed form. Substituting the closed-form Gaussian cross-entropy (App. B) and q_C (eq. 17)
+into eq. (6) makes the bound a quadratic form in q(v) — the natural-parameter view of the
+modules as Gaussian sites q_k/p_k — with precision Λ_w = I + Σ_k B_k P_k B_kᵀ
+(P_k = S_k⁻¹ − K_kk^{(k)−1}; + AAᵀ/σ² for Gaussian raw data) and shift η_w, so for fixed ψ_*, Z_*
+the optimum is q(v) = N(Λ_w⁻¹η_w, Λ_w⁻¹) and L_E^* = ½η_wᵀΛ_w⁻¹η_w − ½log|Λ_w| + c. (This
+closed form is derived here; the papers optimise q(u_*) by gradients.) In collapsed mode ψ_* and
+Z_* are learned by gradients on L_E^*.
+
+Cost. Both bounds are evaluated through that quadratic form, from site parameters P_k, b_k
+cached per module (:class:`pyrogp_models.modules.stack.ModuleGroup`): one evaluation is one
+kernel matrix K_*· between Z_* and all Σ_k M_k module inducing inputs, block products with the
+P_k and M×M algebra — linear in the number of modules K, with no per-module factorisation or
+solve. :meth:`MetaGP.contrastive_terms` still scores the modules one by one (eq. 5).
+
+Boundedness: L_E is not a true bound; it is unbounded above when λ_min(Λ_w) ≤ 0 (under-fitted or
+overlapping modules, a global kernel unlike the modules'). The model checks λ_min(Λ_w) before
+training and every ``check_every`` evaluations (on the Λ_w the evaluation computes anyway),
+raising :class:`UnboundedBoundError` (or warning).
+:func:`pyrogp_models.modules.stack.clip_site_precisions` repairs the modules.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
+
+from pyrogp_models.data import Standardisation
+from pyrogp_models.errors import IncompatibleModulesError, UnboundedBoundError
+from pyrogp_models.gaussian import conditionals
+from pyrogp_models.gaussian.expectations import (
+    ContrastiveQuadratic,
+    contrastive_expectation,
+    evaluate_quadratic,
+    site_quadratic,
+)
+from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
+from pyrogp_models.gaussian.linalg import cholesky, cholesky_solve, triangular_solve
+from pyrogp_models.kernels import Stationary
+from pyrogp_models.likelihoods import LIKELIHOODS, Likelihood
+from pyrogp_models.models.local.svgp import DEFAULT_JITTER
+from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.stack import ModuleStack
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+#: What to do when λ_min(Λ_w) ≤ 0.
+ON_UNBOUNDED = ("raise", "warn")
+
+__all__ = ["MetaGP", "UnboundedBoundError", "UnboundedBoundWarning", "BoundednessGuard",
+           "describe_unbounded", "choose_likelihood", "covariance_cholesky", "score_modules"]
+
+
+class UnboundedBoundWarning(UserWarning):
+    """Warning counterpart of :class:`UnboundedBoundError` (``on_unbounded="warn"``), with the
+    same ``smallest`` and ``modules``."""
+
+    def __init__(self, message: str, smallest: float | None = None,
+                 modules: Sequence[str] = ()):
+        super().__init__(message)
+        self.smallest = smallest
+        self.modules = list(modules)
+
+
+def describe_unbounded(smallest: float | None, suspects: Sequence[str]) -> str:
+    """What an :class:`UnboundedBoundError` found, in one line without advice (front ends add
+    their own): λ_min(Λ_w) and the under-fitted modules, at most five by name."""
+    value = f"λ_min(Λ_w) = {smallest:.4g} ≤ 0: " if smallest is not None else ""
+    named = (f"; modules wider than their prior (under-fitted): "
+             f"{', '.join(suspects[:5])}{' and more' if len(suspects) > 5 else ''}"
+             if suspects else "")
+    return (f"the ensemble bound is unbounded above ({value}under-fitted or overlapping "
+            f"modules, or a global kernel unlike the modules'){named}")
+
+
+class BoundednessGuard:
+    """λ_min(Λ_w) checks shared by the meta-GPs. A user class provides ``bound_quadratic()``,
+    ``_unbounded_message(λ_min, suspects)`` and the attributes ``on_unbounded``, ``check_every`` and
+    ``evaluations`` (and may name suspect modules in ``_unbounded_suspects()``); a collapsed
+    model always raises (its optimum does not exist)."""
+
+    collapsed = False
+
+    def _unbounded_suspects(self) -> list[str]:
+        """Modules to name when the bound is unbounded (none by default)."""
+        return []
+
+    def _unbounded_error(self, smallest: float) -> UnboundedBoundError:
+        suspects = self._unbounded_suspects()
+        return UnboundedBoundError(self._unbounded_message(smallest, suspects), smallest,
+                                   suspects)
+
+    @torch.no_grad()
+    def min_precision_eigenvalue(self, precision: torch.Tensor | None = None) -> float:
+        """λ_min(Λ_w) (of ``precision`` when given, else of the current Λ_w); the bound is bounded
+        above in q iff it is positive."""
+        if precision is None:
+            precision = self.bound_quadratic().precision
+        return float(torch.linalg.eigvalsh(precision.detach())[0])
+
+    def check_bounded(self, precision: torch.Tensor | None = None) -> float:
+        """Raise :class:`UnboundedBoundError` (or warn) if λ_min(Λ_w) ≤ 0; returns λ_min.
+        ``precision``: Λ_w if already computed."""
+        smallest = self.min_precision_eigenvalue(precision)
+        if smallest > 0:
+            return smallest
+        error = self._unbounded_error(smallest)
+        if self.on_unbounded == "raise" or self.collapsed:
+            raise error
+        warnings.warn(UnboundedBoundWarning(str(error), error.smallest, error.modules),
+                      stacklevel=2)
+        return smallest
+
+    def precision_cholesky(self, precision: torch.Tensor) -> torch.Tensor:
+        """chol(Λ_w), raising :class:`UnboundedBoundError` if Λ_w is not positive definite."""
+        chol, info = torch.linalg.cholesky_ex(precision)
+        if bool(info > 0):
+            raise self._unbounded_error(float(torch.linalg.eigvalsh(precision.detach())[0]))
+        return chol
+
+    def guard_evaluation(self, precision: Callable[[], torch.Tensor] | None = None) -> None:
+        """Called at every evaluation of the model: check before the first one and then every
+        ``check_every``. ``precision``: returns Λ_w when the evaluation has it at hand (called
+        only when a check is due)."""
+        if self.evaluations % self.check_every == 0:
+            self.check_bounded(precision() if precision is not None else None)
+        self.evaluations += 1
+
+
+def score_modules(stack: ModuleStack, predictives: list[tuple[torch.Tensor, torch.Tensor]]
+                  ) -> torch.Tensor:
+    """E_{q_C(u_k)}[log q_k − log p_k] per module in stack order, [K], from q_C per M_k-group."""
+    terms = predictives[0][0].new_zeros(stack.num_modules)
+    for group, (mean_c, cov_c) in zip(stack.groups, predictives, strict=True):
+        terms = terms.index_put((group.indices,), contrastive_expectation(
+            mean_c, cov_c, group.mean, group.chol, group.prior_chol))
+    return terms
+
+
+class MetaGP(BoundednessGuard, PyroModule):
+    """A global sparse GP fitted to modules (and optionally to new raw data).
+
+    Args:
+        stack: the cached modules, or None for raw data only (the bound is then the SVGP ELBO).
+        inducing: initial Z_* [M, D] in model (standardised) units.
+        kernel: the global kernel ψ_*, a :class:`Stationary` with batch shape ().
+        likelihood, raw_X, raw_y: new raw data in model units and its likelihood (batch shape
+            ()), whose parameters are learned (combined bound, eq. 19).
+        collapsed: train ψ_*, Z_* on the collapsed bound L_E^*; q(v) is then its optimum.
+        learn_inducing, learn_kernel: optimise Z_* and ψ_* (``learn_kernel`` sets requires_grad
+            of the kernel's parameters).
+        jitter: relative jitter on K_**.
+        on_unbounded: ``"raise"`` or ``"warn"`` when λ_min(Λ_w) ≤ 0 (collapsed mode always
+            raises: its optimum does not exist).
+        check_every: evaluations of the model between boundedness checks (the first evaluation
+            is always checked).
+        standardisation: the units of the modules (default: the stack's, or the identity).
+        name: prefix of the Pyro sites.
+    """
+
+    def __init__(self, stack: ModuleStack | None, inducing: torch.Tensor, kernel: Stationary,
+                 *, likelihood: Likelihood | None = None, raw_X: torch.Tensor | None = None,
+                 raw_y: torch.Tensor | None = None, collapsed: bool = False,
+                 learn_inducing: bool = True, learn_kernel: bool = True,
+                 jitter: float = DEFAULT_JITTER, on_unbounded: str = "raise",
+                 check_every: int = 50, standardisation: Standardisation | None = None,
+                 name: str = "meta"):
+        super().__init__(name)
+        if on_unbounded not in ON_UNBOUNDED:
+            raise ValueError(f"on_unbounded must be one of {ON_UNBOUNDED}, got '{on_unbounded}'")
+        if tuple(kernel.batch_shape) != ():
+            raise ValueError("the global kernel must have batch shape ()")
+        if (likelihood is None) != (raw_X is None) or (raw_X is None) != (raw_y is None):
+            raise ValueError("raw data need all of likelihood, raw_X and raw_y")
+        if stack is None and likelihood is None:
+            raise ValueError("a meta-GP needs modules, raw data or both")
+        if collapsed and likelihood is not None and likelihood.name != "gaussian":
+            raise ValueError("the collapsed bound needs Gaussian raw data; use collapsed=False")
+        if stack is not None and stack.input_dim != inducing.shape[-1]:
+            raise IncompatibleModulesError(f"the modules have input dimension "
+                                           f"{stack.input_dim}, Z_* has {inducing.shape[-1]}")
+        self.stack = stack
+        self.collapsed = collapsed
+        self.jitter = jitter
+        self.on_unbounded = on_unbounded
+        self.check_every = check_every
+        self.site_prefix = name
+        self.evaluations = 0
+        input_dim = inducing.shape[-1]
+        self.standardisation = standardisation or (
+            stack.standardisation if stack is not None else
+            Standardisation(np.zeros(input_dim), np.ones(input_dim), 0.0, 1.0))
+        self.kernel = kernel
+        for parameter in kernel.parameters():
+            parameter.requires_grad_(learn_kernel)
+        if learn_inducing:
+            self.inducing = PyroParam(inducing.clone())
+        else:
+            self.register_buffer("inducing", inducing.clone())
+        self._cache_sites()
+        self.likelihood = likelihood
+        if likelihood is not None:
+            likelihood.validate_targets(raw_y)
+            self.register_buffer("raw_X", raw_X)
+            self.register_buffer("raw_y", raw_y)
+        size = inducing.shape[-2]
+        mean = inducing.new_zeros(size)
+        chol = torch.eye(size, dtype=inducing.dtype, device=inducing.device)
+        if collapsed:
+            self.register_buffer("q_mean", mean)
+            self.register_buffer("q_sqrt", chol)
+        else:
+            self.q_mean = PyroParam(mean)
+            self.q_sqrt = PyroParam(chol, constraint=constraints.lower_cholesky)
+
+    @property
+    def num_inducing(self) -> int:
+        return self.inducing.shape[-2]
+
+    def _cache_sites(self) -> None:
+        """The modules' inducing inputs side by side [N, D] (N = Σ_k M_k, group by group) and
+        their site shifts b [N] and constants, which do not change while the meta-GP trains."""
+        self._groups = self.stack.groups if self.stack is not None else ()
+        groups = self._groups
+        if not groups:
+            return
+        dim = self.stack.input_dim
+        self._site_inputs = torch.cat([g.inducing.reshape(-1, dim) for g in groups])
+        self._site_shift = torch.cat([g.site_shift.reshape(-1) for g in groups])
+        self._site_constant = sum(g.site_constant.sum() for g in groups)
+
+    # Gaussian algebra -------------------------------------------------------------------------
+    def prior_cholesky(self) -> torch.Tensor:
+        """L_** = chol(K_** + jitter), [M, M]."""
+        return cholesky(self.kernel(self.inducing), self.jitter, what="meta-GP covariance K_**")
+
+    def _module_terms(self, prior_chol: torch.Tensor):
+        """Per M_k-group: the group, B_k = L_**⁻¹K_*k [G, M, M_k] and K_kk^{(*)} [G, M_k, M_k]."""
+        for group in self._groups:
+            count, size = len(group.names), group.num_inducing
+            cross = self.kernel(self.inducing, group.inducing.reshape(count * size, -1))
+            projection = conditionals.projection(prior_chol, cross)  # one solve for the group
+            yield (group, projection.reshape(-1, count, size).transpose(0, 1),
+                   self.kernel(group.inducing))
+
+    def module_quadratic(self, prior_chol: torch.Tensor | None = None) -> ContrastiveQuadratic:
+        """(P_w, η_w, c) of the contrastive sum Σ_k E_{q_C}[log q_k − log p_k] =
+        −½tr(P_w S_v) − ½mᵀP_w m + η_wᵀm + c, from the cached site parameters
+        (:func:`pyrogp_models.gaussian.expectations.site_quadratic`); zeros without modules."""
+        prior_chol = self.prior_cholesky() if prior_chol is None else prior_chol
+        size = self.num_inducing
+        if not self._groups:
+            return ContrastiveQuadratic(prior_chol.new_zeros(size, size),
+                                        prior_chol.new_zeros(size), prior_chol.new_zeros(()))
+        # K_·* [N, M]; for the RBF one thin product and one exponential
+        # (pyrogp_models.kernels.fused_rbf)
+        cross = self.kernel.weighted_cross(self._site_inputs, self.inducing)
+        site_trace = sum((group.site_precision * self.kernel(group.inducing)).sum()
+                         for group in self._groups)  # Σ_k tr(P_k K_kk^{(*)})
+        return site_quadratic(cross, prior_chol, [g.site_precision for g in self._groups],
+                              self._site_shift, site_trace, self._site_constant)
+
+    def contrastive_predictives(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """q_C(u_k) = N(m_C, S_C) per M_k-group (eq. 17, whitened): means [G, M_k] and
+        covariances [G, M_k, M_k]."""
+        return [conditionals.whitened_conditional_full(projection, prior_cov, self.q_mean,
+                                                       self.q_sqrt)
+                for _, projection, prior_cov in self._module_terms(self.prior_cholesky())]
+
+    def contrastive_terms(self) -> torch.Tensor:
+        """E_{q_C(u_k)}[log q_k(u_k) − log p_k(u_k)] per module, in stack order; [K]."""
+        if self.stack is None:
+            return self.q_mean.new_zeros(0)
+        return score_modules(self.stack, self.contrastive_predictives())
+
+    def kl(self) -> torch.Tensor:
+        """KL[q(v) ‖ N(0, I)] = KL[q(u_*) ‖ p(u_*)]."""
+        return kl_to_standard_normal(self.q_mean, self.q_sqrt)
+
+    def latent(self, X: torch.Tensor, prior_chol: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Marginals of q(f) at X [N, D] (model units): mean and variance [N] (``prior_chol``:
+        L_** if already factorised)."""
+        prior_chol = self.prior_cholesky() if prior_chol is None else prior_chol
+        A = conditionals.projection(prior_chol, self.kernel(self.inducing, X))
+        return conditionals.whitened_conditional(A, self.kernel.diag(X), self.q_mean,
+                                                 self.q_sqrt)
+
+    def expected_log_lik(self, prior_chol: torch.Tensor | None = None) -> torch.Tensor:
+        """Σ_i E_{q(f_i)}[log p(y_i | f_i)] over the raw data (0 without raw data)."""
+        if self.likelihood is None:
+            return self.q_mean.new_zeros(())
+        latent = self.latent(self.raw_X, prior_chol)
+        return self.likelihood.expected_log_prob(self.raw_y, *latent).sum()
+
+    def contrastive_sum(self, quadratic: ContrastiveQuadratic | None = None) -> torch.Tensor:
+        """Σ_k E_{q_C(u_k)}[log q_k(u_k) − log p_k(u_k)] at the current q(v), through the
+        quadratic form (``quadratic``: :meth:`module_quadratic` if already computed)."""
+        quadratic = self.module_quadratic() if quadratic is None else quadratic
+        return evaluate_quadratic(quadratic, self.q_mean, self.q_sqrt)
+
+    def bound(self) -> torch.Tensor:
+        """L_E (eq. 6), or the combined bound (eq. 19) with raw data, at the current q(v)."""
+        prior_chol = self.prior_cholesky()
+        return (self.contrastive_sum(self.module_quadratic(prior_chol))
+                + self.expected_log_lik(prior_chol) - self.kl())
+
+    # Collapsed form ---------------------------------------------------------------------------
+    def bound_quadratic(self) -> ContrastiveQuadratic:
+        """(Λ_w, η_w, c) with bound = −½tr(Λ_w S) − ½mᵀΛ_w m + η_wᵀm + ½log|S| + M/2 + c.
+
+        Λ_w includes the KL's identity and, for Gaussian raw data, its exact quadratic form;
+        other raw-data likelihoods are left out (they add curvature for log-concave p(y|f))."""
+        prior_chol = self.prior_cholesky()
+        return self._with_kl_and_data(self.module_quadratic(prior_chol), prior_chol)
+
+    def _with_kl_and_data(self, modules: ContrastiveQuadratic, prior_chol: torch.Tensor
+                          ) -> ContrastiveQuadratic:
+        """Λ_w, η_w, c from the modules' quadratic form: + I (the KL) and the Gaussian raw data's
+        exact quadratic form."""
+        precision, shift, constant = modules
+        precision = precision + torch.eye(self.num_inducing, dtype=precision.dtype,
+                                          device=precision.device)
+        if self.likelihood is not None and self.likelihood.name == "gaussian":
+            noise = self.likelihood.variance
+            A = conditionals.projection(prior_chol, self.kernel(self.inducing, self.raw_X))
+            precision = precision + A @ A.mT / noise
+            shift = shift + A @ self.raw_y / noise
+            residual = self.raw_y.square() + self.kernel.diag(self.raw_X) - A.square().sum(-2)
+            constant = constant - 0.5 * (self.raw_y.numel() * (_LOG_2PI + noise.log())
+                                         + residual.sum() / noise)
+        return ContrastiveQuadratic(precision, shift, constant)
+
+    def collapsed_bound(self, quadratic: ContrastiveQuadratic | None = None) -> torch.Tensor:
+        """L_E^* = ½η_wᵀΛ_w⁻¹η_w − ½log|Λ_w| + c, the bound at the optimal q(v)
+        (``quadratic``: :meth:`bound_quadratic` if already computed)."""
+        precision, shift, constant = quadratic if quadratic is not None else self.bound_quadratic()
+        chol = self.precision_cholesky(precision)
+        whitened_shift = triangular_solve(chol, shift.unsqueeze(-1)).squeeze(-1)
+        return (0.5 * whitened_shift.square().sum() - chol.diagonal().log().sum() + constant)
+
+    @torch.no_grad()
+    def optimal_posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The optimal q(v) = N(Λ_w⁻¹η_w, Λ_w⁻¹): mean [M] and lower Cholesky factor [M, M]."""
+        precision, shift, _ = self.bound_quadratic()
+        mean = cholesky_solve(self.precision_cholesky(precision), shift.unsqueeze(-1))
+        return mean.squeeze(-1), covariance_cholesky(precision)
+
+    @torch.no_grad()
+    def set_optimal_posterior(self) -> None:
+        """Overwrite q(v) with its optimum for the current ψ_*, Z_* (and likelihood)."""
+        self.q_mean, self.q_sqrt = self.optimal_posterior()
+
+    # Boundedness guard ------------------------------------------------------------------------
+    def _unbounded_suspects(self) -> list[str]:
+        """The modules whose site precision is indefinite (under-fitted)."""
+        return self.stack.indefinite_sites() if self.stack is not None else []
+
+    def _unbounded_message(self, smallest: float, suspects: list[str]) -> str:
+        return (f"{describe_unbounded(smallest, suspects)}. Repair the modules with "
+                "clip_site_precisions (repair_sites=True) or fix the global kernel to the "
+                "modules'.")
+
+    # Pyro model / guide -----------------------------------------------------------------------
+    def model(self):
+        """Whitened prior v ~ N(0, I); the contrastive sum and raw-data term as factors (or the
+        collapsed bound alone). The boundedness guard reuses this evaluation's Λ_w."""
+        if self.collapsed:
+            quadratic = self.bound_quadratic()
+            self.guard_evaluation(lambda: quadratic.precision)
+            pyro.factor(f"{self.site_prefix}.collapsed", self.collapsed_bound(quadratic))
+            return
+        prior_chol = self.prior_cholesky()
+        modules = self.module_quadratic(prior_chol)
+        self.guard_evaluation(lambda: self._with_kl_and_data(modules, prior_chol).precision)
+        size = self.num_inducing
+        zeros = self.q_mean.new_zeros(size)
+        eye = torch.eye(size, dtype=zeros.dtype, device=zeros.device)
+        pyro.sample(f"{self.site_prefix}.v", dist.MultivariateNormal(zeros, scale_tril=eye))
+        if self.stack is not None:
+            pyro.factor(f"{self.site_prefix}.contrastive", self.contrastive_sum(modules))
+        if self.likelihood is not None:
+            pyro.factor(f"{self.site_prefix}.data", self.expected_log_lik(prior_chol))
+
+    def guide(self):
+        """q(v) = N(m, LLᵀ) (nothing in collapsed mode: q is implicit)."""
+        if not self.collapsed:
+            pyro.sample(f"{self.site_prefix}.v",
+                        dist.MultivariateNormal(self.q_mean, scale_tril=self.q_sqrt))
+
+    # Export -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def to_module(self, likelihood: str | None = None, likelihood_options: dict | None = None,
+                  likelihood_params: dict | None = None, name: str | None = None) -> Module:
+        """The meta-GP as a :class:`Module` (unwhitened q(u_*), global kernel, Z_*), so it can be
+        recycled again or used for predictions. The likelihood follows
+        :func:`choose_likelihood`; N = Σ N_k + N_raw; ``elbo`` = Σ_k L_k + the final bound (the
+        module-driven evidence estimate of "Modular Gaussian Processes for Transfer Learning",
+        NeurIPS 2021), with the bound itself in ``info``."""
+        if self.collapsed:
+            self.set_optimal_posterior()
+        bound = float(self.bound())
+        q_mean, q_chol = conditionals.unwhiten(self.prior_cholesky(), self.q_mean, self.q_sqrt)
+        lik_name, options, params, source = choose_likelihood(
+            self.stack, self.likelihood, likelihood, likelihood_options, likelihood_params)
+        num_raw = 0 if self.likelihood is None else int(self.raw_y.numel())
+        module_elbos = self.stack.elbo_sum if self.stack is not None else 0.0
+        name = name or self.site_prefix
+        return Module(
+            kernel_family=self.kernel.family,
+            lengthscale=self.kernel.lengthscale.detach().reshape(1, -1).clone(),
+            variance=self.kernel.variance.detach().reshape(1).clone(),
+            likelihood_name=lik_name, likelihood_options=options, likelihood_params=params,
+            inducing=self.inducing.detach().clone(), q_mean=q_mean.unsqueeze(0),
+            q_chol=q_chol.unsqueeze(0),
+            num_data=(self.stack.num_data if self.stack is not None else 0) + num_raw,
+            elbo=module_elbos + bound, standardisation=self.standardisation,
+            jitter=self.jitter,
+            info={"name": name, "kind": "meta-gp",
+                  "modules": self.stack.names if self.stack is not None else [],
+                  "num_raw_data": num_raw, "ensemble_bound": bound,
+                  "module_elbo_sum": module_elbos, "likelihood_source": source,
+                  "collapsed": self.collapsed})
+
+
+def covariance_cholesky(precision: torch.Tensor) -> torch.Tensor:
+    """Lower Cholesky factor of Λ⁻¹ for a positive definite Λ, without forming Λ⁻¹: with J the
+    reversal permutation and L' = chol(JΛJ), Λ⁻¹ = (J L'⁻ᵀ J)(J L'⁻ᵀ J)ᵀ and J L'⁻ᵀ J is lower
+    triangular. Batched."""
+    flipped_chol = torch.linalg.cholesky(precision.flip(-2, -1))
+    eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
+    return triangular_solve(flipped_chol, eye, transpose=True).flip(-2, -1)
+
+
+def choose_likelihood(stack: ModuleStack | None, raw_likelihood: Likelihood | None,
+                      name: str | None = None, options: dict | None = None,
+                      params: dict | None = None
+                      ) -> tuple[str, dict, dict[str, torch.Tensor], str]:
+    """The likelihood of an exported meta-GP: (name, options, parameter values, source).
+
+    The meta bound has no likelihood of its own (Recyclable GPs, §2.3 "Global prediction",
+    predicts with the meta-GP's own fixed likelihood), so one is chosen by this rule:
+
+    1. ``name`` given ("user"): options from ``options``, else from the raw data or modules with
+       that likelihood; each parameter from ``params``, else learned from raw data with that
+       likelihood, else the N_k-weighted mean over the modules with that likelihood;
+    2. otherwise, with raw data ("raw data"): the raw data's likelihood and learned parameters;
+    3. otherwise ("modules"): the modules' likelihood when all agree on name and options, with
+       N_k-weighted mean parameters; heterogeneous modules need ``name``.
+    """
+    members = list(stack.modules.values()) if stack is not None else []
+    if name is None and raw_likelihood is not None:
+        name, source = raw_likelihood.name, "raw data"
+    elif name is None:
+        kinds = {(m.likelihood_name, repr(sorted(m.likelihood_options.items()))) for m in members}
+        if len(kinds) > 1:
+            found = sorted({m.likelihood_name for m in members})
+            raise IncompatibleModulesError(
+                f"the modules have different likelihoods ({', '.join(found)}); name the one to "
+                "export (e.g. likelihood='gaussian')")
+        name, source = members[0].likelihood_name, "modules"
+    else:
+        source = "user"
+    if name not in LIKELIHOODS:
+        raise ValueError(f"unknown likelihood '{name}'; choose from {sorted(LIKELIHOODS)}")
+    same = [m for m in members if m.likelihood_name == name]
+    raw = raw_likelihood if raw_likelihood is not None and raw_likelihood.name == name else None
+    if options is None:
+        options = (raw.options() if raw is not None
+                   else dict(same[0].likelihood_options) if same else {})
+    values = {}
+    for key in LIKELIHOODS[name].PARAMETERS:
+        if params is not None and key in params:
+            values[key] = torch.as_tensor(params[key], dtype=torch.float64)
+        elif raw is not None:
+            values[key] = raw.parameter_values()[key].detach().clone()
+        elif same:
+            weights = torch.tensor([float(m.num_data) for m in same], dtype=torch.float64)
+            stacked = torch.stack([m.likelihood_params[key].to(torch.float64) for m in same])
+            values[key] = (weights * stacked).sum() / weights.sum()
+        else:
+            raise ValueError(f"no value for the {name} likelihood's '{key}': no module or raw "
+                             "data has that likelihood; pass likelihood_params")
+    return name, dict(options), values, source

@@ -1,0 +1,238 @@
+"""Module files: safetensors for the tensors, JSON for the rest; loading never unpickles.
+
+One module is one ``.safetensors`` file. Its header's ``__metadata__`` holds the JSON record
+(kernel family, likelihood, standardisation, N, ELBO, format version, ...) and a SHA-256 digest of
+the record and of every tensor's bytes, so a flipped byte anywhere is detected. A folder of
+modules has an index, ``modules.json``, naming the module files and the rule that partitioned the
+data (so new points can be routed to the module of their partition).
+
+Writes are atomic (temporary file + rename); module files are written before the index, so a crash
+never leaves an index naming a half-written module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import struct
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from pyrogp_models.data import Standardisation
+from pyrogp_models.data.partitioners import Partition
+from pyrogp_models.errors import CholeskyError, ModuleFileError
+from pyrogp_models.kernels import PROFILES
+from pyrogp_models.likelihoods import LIKELIHOODS
+from pyrogp_models.modules.record import FORMAT_VERSION, Module
+
+INDEX_NAME = "modules.json"
+SUFFIX = ".safetensors"
+_TENSOR_FIELDS = ("lengthscale", "variance", "inducing", "q_mean", "q_chol")
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+# Single modules ---------------------------------------------------------------------------------
+def _digest(record_json: str, tensors: dict[str, torch.Tensor]) -> str:
+    sha = hashlib.sha256(record_json.encode())
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        sha.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}".encode())
+        sha.update(tensor.numpy().tobytes())
+    return sha.hexdigest()
+
+
+def module_to_bytes(module: Module) -> bytes:
+    """Serialise a (validated) module to the bytes of a safetensors file."""
+    validate_module(module, f"module '{module.info.get('name', '?')}'")
+    tensors = {name: getattr(module, name) for name in _TENSOR_FIELDS}
+    tensors.update({f"likelihood.{k}": v for k, v in module.likelihood_params.items()})
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    record = {
+        "format": "pyrogp-module",
+        "format_version": module.format_version,
+        "kernel_family": module.kernel_family,
+        "likelihood_name": module.likelihood_name,
+        "likelihood_options": module.likelihood_options,
+        "num_data": int(module.num_data),
+        "elbo": float(module.elbo),
+        "standardisation": module.standardisation.to_dict(),
+        "jitter": float(module.jitter),
+        "info": module.info,
+    }
+    record_json = json.dumps(record, sort_keys=True)
+    metadata = {"pyrogp": record_json, "sha256": _digest(record_json, tensors)}
+    return save_safetensors(tensors, metadata=metadata)
+
+
+def save_module(module: Module, path: str | Path) -> Path:
+    """Write one module file atomically; returns its path."""
+    path = Path(path)
+    if path.suffix != SUFFIX:
+        path = path.with_name(path.name + SUFFIX)
+    atomic_write(path, module_to_bytes(module))
+    return path
+
+
+def load_module(path: str | Path) -> Module:
+    """Read and validate one module file; any problem raises :class:`ModuleFileError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModuleFileError(f"{path}: no such module file")
+    return module_from_bytes(path.read_bytes(), str(path))
+
+
+def module_from_bytes(data: bytes, source: str = "<bytes>") -> Module:
+    """Parse and validate the bytes of a module file."""
+
+    def fail(reason: str) -> ModuleFileError:
+        return ModuleFileError(f"{source}: {reason}")
+
+    try:
+        (header_size,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + header_size])
+        metadata = header["__metadata__"]
+        tensors = load_safetensors(data)
+        record_json = metadata["pyrogp"]
+        record = json.loads(record_json)
+    except Exception as error:  # noqa: BLE001 — any parse failure means a broken file
+        raise fail(f"not a readable module file ({type(error).__name__})") from None
+    if record.get("format") != "pyrogp-module":
+        raise fail("not a pyrogp module file")
+    if _digest(record_json, tensors) != metadata.get("sha256"):
+        raise fail("checksum mismatch: the file was corrupted or modified")
+    version = record.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise fail(f"format version {version} is newer than this library's {FORMAT_VERSION}")
+    try:
+        module = Module(
+            kernel_family=record["kernel_family"],
+            lengthscale=tensors["lengthscale"], variance=tensors["variance"],
+            likelihood_name=record["likelihood_name"],
+            likelihood_options=record["likelihood_options"],
+            likelihood_params={k.split(".", 1)[1]: v for k, v in tensors.items()
+                               if k.startswith("likelihood.")},
+            inducing=tensors["inducing"], q_mean=tensors["q_mean"], q_chol=tensors["q_chol"],
+            num_data=record["num_data"], elbo=record["elbo"],
+            standardisation=Standardisation.from_dict(record["standardisation"]),
+            jitter=record["jitter"], info=record["info"], format_version=version)
+    except KeyError as error:
+        raise fail(f"missing field {error}") from None
+    validate_module(module, source)
+    return module
+
+
+def validate_module(module: Module, source: str = "module") -> None:
+    """Shapes agree, values are finite, scales are positive and covariances positive definite."""
+
+    def fail(reason: str) -> ModuleFileError:
+        return ModuleFileError(f"{source}: {reason}")
+
+    if module.kernel_family not in PROFILES:
+        raise fail(f"unknown kernel family '{module.kernel_family}'")
+    if module.likelihood_name not in LIKELIHOODS:
+        raise fail(f"unknown likelihood '{module.likelihood_name}'")
+    if module.inducing.dim() != 2:
+        raise fail(f"inducing inputs must be [M, D], got {list(module.inducing.shape)}")
+    M, D = module.inducing.shape
+    L = module.q_mean.shape[0] if module.q_mean.dim() == 2 else -1
+    expected = {"q_mean": (L, M), "q_chol": (L, M, M), "variance": (L,)}
+    for name, shape in expected.items():
+        if tuple(getattr(module, name).shape) != shape:
+            raise fail(f"{name} has shape {list(getattr(module, name).shape)}, "
+                       f"expected {list(shape)}")
+    if tuple(module.lengthscale.shape) not in ((L, 1), (L, D)):
+        raise fail(f"lengthscale has shape {list(module.lengthscale.shape)}, "
+                   f"expected [{L}, 1] or [{L}, {D}]")
+    if len(module.standardisation.x_mean) != D or len(module.standardisation.x_scale) != D:
+        raise fail("standardisation does not match the input dimension")
+    tensors = {name: getattr(module, name) for name in _TENSOR_FIELDS}
+    tensors.update(module.likelihood_params)
+    for name, tensor in tensors.items():
+        if not bool(torch.isfinite(tensor).all()):
+            raise fail(f"{name} contains NaN or inf")
+    positives = [module.lengthscale, module.variance, *module.likelihood_params.values()]
+    if not all(bool((t > 0).all()) for t in positives):
+        raise fail("kernel or likelihood parameters must be positive")
+    if not (math.isfinite(module.jitter) and module.jitter >= 0):
+        raise fail("jitter must be a finite non-negative number")
+    diagonal = module.q_chol.diagonal(dim1=-2, dim2=-1)
+    upper = module.q_chol.triu(1)
+    if not bool((diagonal > 0).all()) or bool((upper != 0).any()):
+        raise fail("q_chol is not a lower Cholesky factor with a positive diagonal")
+    try:
+        module.prior_cholesky()
+    except CholeskyError:
+        raise fail("the prior covariance K_zz is not positive definite") from None
+
+
+# Folders of modules -----------------------------------------------------------------------------
+def save_modules(modules: dict[str, Module], folder: str | Path,
+                 partition: Partition | dict | None = None) -> Path:
+    """Write a dictionary of modules and its index into ``folder`` (created if needed).
+
+    ``partition`` (a :class:`Partition` or its JSON rule) is the rule that split the data, in
+    module order, so predictions can route new points. Everything is checked before anything is
+    written.
+    """
+    folder = Path(folder)
+    for name in modules:
+        if not _NAME_PATTERN.match(name):
+            raise ValueError(f"module name '{name}' may only use letters, digits, '.', '_', '-'")
+    rule = partition.rule if isinstance(partition, Partition) else partition
+    files = {name: f"{name}{SUFFIX}" for name in modules}
+    index = json.dumps({"format": "pyrogp-modules", "format_version": FORMAT_VERSION,
+                        "modules": files, "partition": rule}, indent=1).encode()
+    contents = {name: module_to_bytes(module) for name, module in modules.items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in contents.items():
+        atomic_write(folder / files[name], data)
+    atomic_write(folder / INDEX_NAME, index)
+    return folder
+
+
+def read_index(folder: str | Path) -> dict:
+    """The index of a module folder."""
+    path = Path(folder) / INDEX_NAME
+    if not path.is_file():
+        raise ModuleFileError(f"{folder}: not a module folder (no {INDEX_NAME})")
+    try:
+        index = json.loads(path.read_text())
+        if index.get("format") != "pyrogp-modules" or not isinstance(index["modules"], dict):
+            raise ValueError
+    except Exception:  # noqa: BLE001
+        raise ModuleFileError(f"{path}: not a readable module index") from None
+    return index
+
+
+def load_modules(folder: str | Path) -> dict[str, Module]:
+    """Read every module named by the folder's index, in index order."""
+    folder = Path(folder)
+    index = read_index(folder)
+    return {name: load_module(folder / file) for name, file in index["modules"].items()}
+
+
+def load_modules_from(path: str | Path) -> dict[str, Module]:
+    """A module file (``{stem: module}``) or a module folder."""
+    path = Path(path)
+    if path.is_dir():
+        return load_modules(path)
+    return {path.name.removesuffix(SUFFIX): load_module(path)}
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write bytes to a temporary sibling and rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
