@@ -25,15 +25,16 @@ import torch
 from inference.commands.common import write_module_folder
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.metrics import regression_report
-from inference.recycling import recycle
+from inference.recycling import RecycleSpec, recycle
 from inference.tables import format_table
 from inference.trainer import TrainConfig
 from pyrogp_models.data import load_sunspots
 from pyrogp_models.data.partitioners import partition_contiguous, partition_random
 from pyrogp_models.models.experts import ExpertCombination, ModuleExperts
 from pyrogp_models.modules.files import save_module
+from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
-from pyrogp_models.modules.routing import Predictor, RoutedModules, as_predictor
+from pyrogp_models.modules.routing import RoutedModules
 
 OUTPUT = Path("demo_output")
 SEED = 0
@@ -160,20 +161,21 @@ def main(fast: bool = False, output: Path = OUTPUT) -> dict[str, dict[str, float
 
     start = time.perf_counter()
     partition = partition_contiguous(X[fit], settings.num_partitions)
-    local = fit_local(X[fit], y[fit], partition,
-                      LocalFitSpec(settings.local_inducing, kernel=KERNEL, collapsed=True), config)
-    modules = {name: replace(m, info={**m.info, **INFO}) for name, m in local.modules.items()}
+    local = fit_local((X[fit], y[fit], partition),
+                      LocalFitSpec(settings.local_inducing, kernel=KERNEL, collapsed=True,
+                                   info=INFO), config)
+    modules = local.modules
     write_module_folder(modules, output / "modules", partition.rule)
     timings["local"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    meta = recycle(modules, settings.global_inducing, collapsed=True, config=config).module
+    meta = recycle(modules, RecycleSpec(settings.global_inducing, collapsed=True), config).module
     meta = replace(meta, info={**meta.info, **INFO})
     save_module(meta, output / "meta.safetensors")
     timings["meta"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    full = fit_local(X[fit], y[fit], partition_random(int(fit.sum()), 1, SEED),
+    full = fit_local((X[fit], y[fit], partition_random(int(fit.sum()), 1, SEED)),
                      LocalFitSpec(settings.global_inducing, kernel=KERNEL, collapsed=True),
                      config)
     timings["full"] = time.perf_counter() - start
@@ -186,9 +188,8 @@ def main(fast: bool = False, output: Path = OUTPUT) -> dict[str, dict[str, float
     models = {
         f"local modules, routed (K={settings.num_partitions}, M={settings.local_inducing})":
             ("local", RoutedModules(modules, partition.rule)),
-        f"meta-GP from the modules (M={settings.global_inducing})": ("meta", as_predictor(meta)),
-        f"full-data SVGP (M={settings.global_inducing})":
-            ("full", as_predictor(full.modules)),
+        f"meta-GP from the modules (M={settings.global_inducing})": ("meta", meta),
+        f"full-data SVGP (M={settings.global_inducing})": ("full", full.predictor),
         f"best of {tried} expert combinations: {label}": ("combination", combination),
     }
     reports = {name: score(predictor, X[test], y[test])

@@ -24,13 +24,23 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from inference.local_fit import LocalFit, LocalFitSpec, fit_local, model_inputs, seeded_generator
+from inference.local_fit import (
+    LocalFit,
+    LocalFitSpec,
+    PartitionedData,
+    fit_local,
+    local_predictor,
+    model_inputs,
+    seeded_generator,
+    train_local,
+)
 from inference.trainer import TrainConfig, TrainResult
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.errors import PyrogpError
 from pyrogp_models.models.local.local_gps import initial_inducing
 from pyrogp_models.modules.files import module_from_bytes, module_to_bytes
+from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 
 #: Seconds to wait for a scheduler to answer and for its first worker.
@@ -44,6 +54,7 @@ class DistributedFit:
     ``result`` merges the chunks' training records: ``losses`` is the summed loss of all chunks
     (a chunk that stopped keeps its last value), ``steps`` the longest chunk's, ``converged``
     whether every chunk converged. ``chunks`` lists the partition indices each worker fitted.
+    The trained models stay on the workers; ``predictor`` serves the returned modules.
     """
 
     modules: dict[str, Module]
@@ -51,6 +62,10 @@ class DistributedFit:
     result: TrainResult
     standardisation: Standardisation
     chunks: list[np.ndarray]
+
+    @property
+    def predictor(self) -> Predictor:
+        return local_predictor(self.modules, self.partition)
 
 
 @dataclass
@@ -61,12 +76,8 @@ class ChunkTask:
     X: np.ndarray
     y: np.ndarray
     assignments: np.ndarray
-    spec: LocalFitSpec
+    spec: LocalFitSpec  # with the chunk's names, M_k, initial Z and the shared standardisation
     config: TrainConfig
-    standardisation: Standardisation
-    inducing: list[torch.Tensor]
-    names: list[str]
-    info: dict
 
 
 @dataclass
@@ -79,16 +90,15 @@ class ChunkResult:
     converged: bool
 
 
-def fit_local_on(X, y, partition: Partition, spec: LocalFitSpec | None = None,
-                 config: TrainConfig | None = None, names: Sequence[str] | None = None, *,
-                 workers: int | None = None, scheduler: str | None = None
-                 ) -> LocalFit | DistributedFit:
+def fit_local_on(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
+                 config: TrainConfig | None = None, *, workers: int | None = None,
+                 scheduler: str | None = None) -> LocalFit | DistributedFit:
     """Fit in process (default), on an embedded cluster of ``workers`` single-threaded worker
     processes, or on the Dask cluster whose scheduler is at ``scheduler``."""
     if workers is None and scheduler is None:
-        return fit_local(X, y, partition, spec, config, names)
+        return fit_local(data, spec, config)
     with dask_client(workers, scheduler) as client:
-        return fit_local_distributed(client, X, y, partition, spec, config, names)
+        return fit_local_distributed(client, data, spec, config)
 
 
 @contextmanager
@@ -118,34 +128,36 @@ def dask_client(workers: int | None = None, scheduler: str | None = None) -> Ite
         yield client
 
 
-def fit_local_distributed(client, X, y, partition: Partition, spec: LocalFitSpec | None = None,
-                          config: TrainConfig | None = None, names: Sequence[str] | None = None
+def fit_local_distributed(client, data: PartitionedData | tuple,
+                          spec: LocalFitSpec | None = None, config: TrainConfig | None = None
                           ) -> DistributedFit:
     """:func:`~inference.local_fit.fit_local` on the workers of a Dask ``client``, one chunk of
     partitions per worker (see the module docstring)."""
     spec = spec or LocalFitSpec()
+    partition = data[2]
     addresses = sorted(client.nthreads())
-    chunks, tasks, standardisation = chunk_tasks(X, y, partition, len(addresses), spec, config,
-                                                 names)
+    chunks, tasks, standardisation = chunk_tasks(data, len(addresses), spec, config)
     futures = []
     for task, address in zip(tasks, addresses, strict=False):
-        data = client.scatter(task, workers=[address], hash=False)
-        futures.append(client.submit(fit_chunk, data, workers=[address],
+        scattered = client.scatter(task, workers=[address], hash=False)
+        futures.append(client.submit(fit_chunk, scattered, workers=[address],
                                      allow_other_workers=True, pure=False))
     results: list[ChunkResult] = client.gather(futures)
     modules = {}
     for chunk, task, result in zip(chunks, tasks, results, strict=True):
-        for k, name, data in zip(chunk.tolist(), task.names, result.modules, strict=True):
-            module = module_from_bytes(data, f"module '{name}' from a worker")
+        for k, name, module_bytes in zip(chunk.tolist(), task.spec.names, result.modules,
+                                         strict=True):
+            module = module_from_bytes(module_bytes, f"module '{name}' from a worker")
             modules[name] = replace(module, info={**module.info, "partition": k})
     return DistributedFit(modules, partition, _merge_results(results), standardisation, chunks)
 
 
-def chunk_tasks(X, y, partition: Partition, num_chunks: int, spec: LocalFitSpec,
-                config: TrainConfig | None = None, names: Sequence[str] | None = None
+def chunk_tasks(data: PartitionedData | tuple, num_chunks: int, spec: LocalFitSpec,
+                config: TrainConfig | None = None
                 ) -> tuple[list[np.ndarray], list[ChunkTask], Standardisation]:
     """The partitions cut into ``num_chunks`` runs (see :func:`split_partitions`), one task per
     run holding only that run's points, and the standardisation they share."""
+    X, y, partition = data
     config = replace(config or TrainConfig(), progress=False)
     if config.checkpoint is not None:
         raise ValueError("checkpoints are not supported by distributed fits")
@@ -153,21 +165,24 @@ def chunk_tasks(X, y, partition: Partition, num_chunks: int, spec: LocalFitSpec,
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
     num_partitions = partition.num_partitions
     width = max(3, len(str(num_partitions - 1)))
-    names = list(names or [f"part{k:0{width}d}" for k in range(num_partitions)])
+    names = list(spec.names or [f"part{k:0{width}d}" for k in range(num_partitions)])
     if len(names) != num_partitions:
         raise ValueError(f"{len(names)} names for {num_partitions} partitions")
     inducing = initial_inducing(X_model, y_model, partition, spec.num_inducing,
                                 spec.inducing_init, seeded_generator(config, spec))
     per_partition = np.broadcast_to(np.asarray(spec.num_inducing), (num_partitions,))
-    info = {"partition_rule": partition.rule.get("kind")}
+    info = {"partition_rule": partition.rule.get("kind"), **(spec.info or {})}
     chunks = split_partitions(partition.sizes, num_chunks)
     tasks = []
     for chunk in chunks:
         rows = np.isin(partition.assignments, chunk)
-        tasks.append(ChunkTask(
-            X[rows], y[rows], np.searchsorted(chunk, partition.assignments[rows]),
-            replace(spec, num_inducing=per_partition[chunk].tolist()), config, standardisation,
-            [inducing[k] for k in chunk], [names[k] for k in chunk], info))
+        chunk_spec = replace(spec, num_inducing=per_partition[chunk].tolist(),
+                             names=[names[k] for k in chunk], info=info,
+                             standardisation=standardisation,
+                             inducing=[inducing[k] for k in chunk])
+        tasks.append(ChunkTask(X[rows], y[rows], np.searchsorted(chunk,
+                                                                 partition.assignments[rows]),
+                               chunk_spec, config))
     return chunks, tasks, standardisation
 
 
@@ -175,11 +190,10 @@ def fit_chunk(task: ChunkTask) -> ChunkResult:
     """Run on a worker: fit one chunk single-threaded and return its modules as bytes."""
     torch.set_num_threads(1)
     partition = Partition(task.assignments, {"kind": "random",
-                                             "num_partitions": len(task.names)})
-    fit = fit_local(task.X, task.y, partition, task.spec, task.config, task.names,
-                    task.standardisation, task.inducing, task.info)
-    return ChunkResult([module_to_bytes(m) for m in fit.modules.values()], fit.result.losses,
-                       fit.result.steps, fit.result.converged)
+                                             "num_partitions": len(task.spec.names)})
+    _, result, modules, _ = train_local((task.X, task.y, partition), task.spec, task.config)
+    return ChunkResult([module_to_bytes(m) for m in modules.values()], result.losses,
+                       result.steps, result.converged)
 
 
 def split_partitions(sizes: np.ndarray, num_chunks: int) -> list[np.ndarray]:

@@ -1,25 +1,51 @@
-"""Fit one sparse variational GP per partition of a data set and export them as modules."""
+"""Fit one sparse variational GP per partition of a data set and export them as modules.
+
+``fit_local((X, y, partition), spec, config)`` standardises the data, builds every partition's
+SVGP as one batched :class:`~pyrogp_models.models.local.local_gps.LocalGPs`, trains it with the
+library's trainer and exports one module per partition. The result's ``predictor`` routes new
+points to the module of their partition (:class:`~pyrogp_models.modules.routing.RoutedModules`);
+modules of a random partition, which have no region, are combined by rBCM instead
+(:class:`~pyrogp_models.models.experts.predictor.ExpertCombination`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from inference.fit_result import Fit
 from inference.trainer import TrainConfig, TrainResult, train
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.likelihoods import LIKELIHOODS
+from pyrogp_models.models.experts.predictor import ExpertCombination
 from pyrogp_models.models.local.local_gps import LocalGPs
+from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.routing import as_predictor
+
+#: The product-of-experts rule that combines modules of a random partition.
+RANDOM_PARTITION_RULE = "rbcm"
+
+
+class PartitionedData(NamedTuple):
+    """Inputs X [N, D] and targets y [N] in data units, and which partition each point is in."""
+
+    X: np.ndarray | torch.Tensor
+    y: np.ndarray | torch.Tensor
+    partition: Partition
 
 
 @dataclass
 class LocalFitSpec:
-    """What to fit in every partition (see
-    :class:`pyrogp_models.models.local.local_gps.LocalGPs`)."""
+    """What to fit in every partition (see :class:`~pyrogp_models.models.local.local_gps.
+    LocalGPs`); ``names`` and ``info`` label the exported modules. A fit split over workers
+    passes the ``standardisation`` and the initial ``inducing`` inputs (model units, one
+    [M_k, D] per partition) computed from all the data."""
 
     num_inducing: int | Sequence[int] = 10
     likelihood: str = "gaussian"
@@ -33,43 +59,60 @@ class LocalFitSpec:
     noise: float = 0.1
     dtype: torch.dtype = torch.float64
     device: str | torch.device = "cpu"
+    names: Sequence[str] | None = None
+    info: dict | None = None
+    standardisation: Standardisation | None = None
+    inducing: Sequence[torch.Tensor] | None = None
 
 
 @dataclass
-class LocalFit:
-    """The fitted modules (in partition order), the partition, the batched model and its
-    training record."""
+class LocalFit(Fit):
+    """The fitted modules (in partition order) and the partition, besides :class:`Fit`'s
+    trained :class:`LocalGPs` (``model``), training record and predictor."""
 
     modules: dict[str, Module]
     partition: Partition
-    model: LocalGPs
-    result: TrainResult
-    standardisation: Standardisation
 
 
-def fit_local(X, y, partition: Partition, spec: LocalFitSpec | None = None,
-              config: TrainConfig | None = None, names: Sequence[str] | None = None,
-              standardisation: Standardisation | None = None,
-              inducing: Sequence[torch.Tensor] | None = None, info: dict | None = None
-              ) -> LocalFit:
+def fit_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
+              config: TrainConfig | None = None) -> LocalFit:
     """Fit all partitions as one batched model and export one module per partition.
 
     Inputs are standardised with one set of statistics shared by every partition (so modules
     from one fit live in the same space and can be recycled together); Gaussian-type targets are
-    standardised too. A fit split over workers passes the ``standardisation`` and the initial
-    ``inducing`` inputs (model units, one [M_k, D] per partition) computed from all the data.
+    standardised too.
     """
+    model, result, modules, standardisation = train_local(data, spec, config)
+    partition = data[2]
+    return LocalFit(model, result, local_predictor(modules, partition), standardisation,
+                    modules, partition)
+
+
+def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
+                config: TrainConfig | None = None
+                ) -> tuple[LocalGPs, TrainResult, dict[str, Module], Standardisation]:
+    """:func:`fit_local` without the predictor: the trained model, its record, the modules and
+    the standardisation."""
+    X, y, partition = data
     spec = spec or LocalFitSpec()
     config = config or TrainConfig()
-    X_model, y_model, standardisation = model_inputs(X, y, spec, standardisation)
+    X_model, y_model, standardisation = model_inputs(X, y, spec, spec.standardisation)
     model = LocalGPs(X_model, y_model, partition, spec.num_inducing, spec.likelihood,
                      spec.likelihood_options, spec.kernel, spec.ard, spec.inducing_init,
-                     spec.learn_inducing, spec.collapsed, noise=spec.noise,
-                     generator=seeded_generator(config, spec), inducing=inducing)
-    result = train(model, spec.batch_size, config=config)
-    modules = model.to_modules(standardisation, names,
-                               info={"partition_rule": partition.rule.get("kind"), **(info or {})})
-    return LocalFit(modules, partition, model, result, standardisation)
+                     spec.learn_inducing, spec.collapsed, spec.batch_size, noise=spec.noise,
+                     generator=seeded_generator(config, spec), inducing=spec.inducing)
+    result = train(model, config=config)
+    modules = model.to_modules(standardisation, spec.names,
+                               info={"partition_rule": partition.rule.get("kind"),
+                                     **(spec.info or {})})
+    return model, result, modules, standardisation
+
+
+def local_predictor(modules: dict[str, Module], partition: Partition) -> Predictor:
+    """Modules routed by their partition's rule, or combined by rBCM for a random partition."""
+    if partition.rule.get("kind") == "random" and len(modules) > 1:
+        return ExpertCombination(modules, RANDOM_PARTITION_RULE)
+    return as_predictor(modules, partition.rule)
 
 
 def model_inputs(X, y, spec: LocalFitSpec, standardisation: Standardisation | None = None

@@ -1,4 +1,4 @@
-"""Natural-gradient steps for the whitened q(v) = N(m, S) of batched sparse variational GPs.
+"""Natural-gradient steps for the whitened q(v) = N(m, S) of every sparse-GP layer of a model.
 
 The natural gradient of the ELBO L with respect to the natural parameters θ = (S⁻¹m, −½S⁻¹) of a
 Gaussian is its ordinary gradient with respect to the expectation parameters η = (m, S + mmᵀ)
@@ -16,21 +16,22 @@ With g = ∂L/∂m and the symmetric G = ∂L/∂S, the chain rule through m = �
 Written this way η₂ = S + mmᵀ is never formed (it would lose the digits of a small S under a large
 mmᵀ). The ELBO sees q_sqrt = L only through S = LLᵀ, so G follows from ∂L/∂L by the reverse-mode
 rule of the Cholesky factorisation, G = sym(L⁻ᵀ Φ(LᵀḠ_L) L⁻¹) with Φ the lower triangle with
-half its diagonal (Murray 2016, "Differentiation of the Cholesky decomposition"). chol(P'⁻¹) is
-obtained from the Cholesky factor of the reversed P' without forming an inverse.
+half its diagonal (Murray 2016, "Differentiation of the Cholesky decomposition"); chol(P'⁻¹) comes
+from :func:`~pyrogp_models.gaussian.linalg.inverse_cholesky`.
 
 Since the whitened KL contributes ½(S⁻¹ − I) to G, P' = (1 − γ)S⁻¹ + γ(I − 2∂E/∂S) with E the
-expected log-likelihood: for a Gaussian likelihood and γ = 1 one step puts q(v) at its optimum
-for the current hyperparameters (the collapsed bound of Titsias 2009 is then attained), and for
-a likelihood that is log-concave in each latent function P' is positive definite for every
-γ ≤ 1. Where P' of some q(v_kl) is nevertheless not positive definite (rounding, or a likelihood
-without that property), γ is halved for that q(v_kl) only, up to ``max_halvings`` times; after
-that the step fails with a :class:`FloatingPointError`. Partitions are independent terms of the
-loss, so a step is batched over partitions and latent functions with no loop over them.
+rest of the objective. Where E is a concave quadratic in q — a Gaussian likelihood, a meta-GP's
+contrastive terms — a unit step puts q(v) at its optimum for the current hyperparameters (the
+collapsed bound is then attained) and every γ ≤ 1 raises the ELBO. Where it is not (Bernoulli,
+Poisson, … likelihoods) a unit step can overshoot and cycle, so the layer's owner names a
+per-member objective and the step is *safeguarded*: every member keeps its own step size, a step
+that would lower its objective is not taken and halves the size, a step taken doubles it again
+(up to γ). Members whose new precision is not positive definite keep their q as well. All of it
+is batched over members with ``torch.where``: no value is read back to the host.
 
-With a non-conjugate likelihood a unit step can overshoot and cycle, so there the step is
-safeguarded: γ is halved for every partition whose full-data ELBO the step would lower (one more
-forward evaluation per step, two or more when some partition backtracks).
+A model declares its layers' objectives by ``natural_gradient_objectives()``: a list of
+(layer, objective) pairs, objective ``None`` for a conjugate layer or a callable returning the
+per-member objective (broadcastable to the layer's batch shape).
 """
 
 from __future__ import annotations
@@ -39,101 +40,89 @@ from collections.abc import Callable
 
 import torch
 
-from pyrogp_models.gaussian.linalg import triangular_solve
-from pyrogp_models.models.local.collapsed import CollapsedSVGP
-from pyrogp_models.models.local.svgp import BatchedSVGP
+from pyrogp_models.gaussian.linalg import inverse_cholesky, triangular_solve
+from pyrogp_models.layers import SparseGPLayer, variational_layers
+
+#: Relative decrease of a member's objective that the safeguard treats as rounding.
+OBJECTIVE_TOLERANCE = 1e-12
+
+Objective = Callable[[], torch.Tensor] | None
 
 
-def variational_groups(module: torch.nn.Module) -> list[BatchedSVGP]:
-    """Every :class:`BatchedSVGP` of ``module`` whose q(v) is part of the training objective.
+class NaturalGradient:
+    """A pre-step hook of :func:`inference.trainer.train`: one natural-gradient step of size
+    ``gamma`` on q(v) of every variational layer of ``module``; ``parameters`` are the ones it
+    moves (the optimiser takes the others)."""
 
-    Raises ValueError if there is none, or if some group is trained on the collapsed bound
-    (its q(u) is implicit and optimal already)."""
-    if any(isinstance(m, CollapsedSVGP) for m in module.modules()):
-        raise ValueError("natural gradients apply to q(u) of the uncollapsed ELBO; this module "
-                         "is trained on the collapsed bound, whose q(u) is already optimal")
-    groups = [m for m in module.modules() if isinstance(m, BatchedSVGP)]
-    if not groups:
-        raise ValueError(f"natural gradients need a module with BatchedSVGP groups; "
-                         f"{type(module).__name__} has none")
-    return groups
+    def __init__(self, module: torch.nn.Module, gamma: float):
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"the natural-gradient step size must be in (0, 1], got {gamma}")
+        self.gamma = gamma
+        self.targets = _objectives(module)
+        self.parameters = [p for layer, _ in self.targets for p in layer.variational_parameters()]
+        self.steps: dict[int, torch.Tensor] = {}
 
+    def __call__(self, loss_fn: Callable[[], torch.Tensor]) -> None:
+        loss = loss_fn()
+        grads = torch.autograd.grad(loss, self.parameters)
+        with torch.no_grad():
+            for (layer, objective), mean_grad, sqrt_grad in zip(
+                    self.targets, grads[0::2], grads[1::2], strict=True):
+                # the loss is −L; q_mean is unconstrained
+                direction = (-mean_grad, -covariance_gradient(layer.q_sqrt, sqrt_grad))
+                self._step(layer, objective, direction)
 
-def variational_parameters(groups: list[BatchedSVGP]) -> list[torch.nn.Parameter]:
-    """The unconstrained parameters of every q(v): what the natural-gradient step updates."""
-    return [p for g in groups for p in (g.q_mean_unconstrained, g.q_sqrt_unconstrained)]
-
-
-def split_parameters(module: torch.nn.Module
-                     ) -> tuple[list[BatchedSVGP], list[torch.nn.Parameter]]:
-    """(the :func:`variational_groups`, every other parameter of ``module``): natural-gradient
-    steps move the groups' q(v), the optimiser the rest."""
-    groups = variational_groups(module)
-    natural = {id(p) for p in variational_parameters(groups)}
-    return groups, [p for p in module.parameters() if id(p) not in natural]
-
-
-def natural_gradient_step(loss_fn: Callable[[], torch.Tensor], groups: list[BatchedSVGP],
-                          gamma: float, max_halvings: int = 20) -> torch.Tensor:
-    """One natural-gradient step of size ``gamma`` on q(v) of every group (module docstring).
-
-    ``loss_fn()`` returns the negative ELBO summed over partitions; only q's parameters are
-    changed. For a non-conjugate likelihood the step is safeguarded (:func:`_ascending_update`).
-    Returns the loss before the step (detached).
-    """
-    loss = loss_fn()
-    grads = torch.autograd.grad(loss, variational_parameters(groups))
-    with torch.no_grad():
-        for group, mean_grad, sqrt_grad in zip(groups, grads[0::2], grads[1::2], strict=True):
-            mean, chol = group.q_mean, group.q_sqrt
-            # q_mean is unconstrained; the loss is −L.
-            direction = (-mean_grad, -covariance_gradient(chol, sqrt_grad))
-            if group.likelihood.name == "gaussian" or not hasattr(group, "data_X"):
-                group.q_mean, group.q_sqrt = natural_update(mean, chol, *direction, gamma,
-                                                            max_halvings)
-            else:
-                _ascending_update(group, direction, gamma, max_halvings)
-    return loss.detach()
-
-
-def _ascending_update(group: BatchedSVGP, direction: tuple[torch.Tensor, torch.Tensor],
-                      gamma: float, max_halvings: int) -> None:
-    """The step with γ halved for every partition whose full-data ELBO it would lower.
-
-    With a Gaussian likelihood a step of γ ≤ 1 moves θ towards the optimum θ* along a line on
-    which KL[q_θ ‖ q_θ*] decreases, so the ELBO rises; with a non-conjugate likelihood a unit step
-    can overshoot and cycle (a Bernoulli fit on the sunspot labels alternates between two values
-    of q). Partitions that do not rise after ``max_halvings`` halvings keep their q. ELBOs that
-    need Monte Carlo draws are compared on the same draws."""
-    # copies: assigning group.q_mean writes into the parameter that group.q_mean returns
-    mean, chol = group.q_mean.clone(), group.q_sqrt.clone()
-    before = _partition_elbo(group)
-    precision = torch.cholesky_inverse(chol)
-    step = torch.full(mean.shape[:-1], float(gamma), dtype=mean.dtype, device=mean.device)
-    for _ in range(max_halvings + 1):
-        new_mean, new_chol = natural_update(mean, chol, *direction, step, max_halvings,
-                                            precision)
-        group.q_mean, group.q_sqrt = new_mean, new_chol
-        lower = _partition_elbo(group) < before - ELBO_TOLERANCE * before.abs()  # [K]
-        if not bool(lower.any()):
+    def _step(self, layer: SparseGPLayer, objective: Objective,
+              direction: tuple[torch.Tensor, torch.Tensor]) -> None:
+        mean, chol = layer.q_mean.clone(), layer.q_sqrt.clone()
+        if objective is None:
+            new_mean, new_chol, ok = natural_update(mean, chol, *direction, self.gamma)
+            _assign(layer, ok, (new_mean, new_chol), (mean, chol))
             return
-        step = torch.where(lower.unsqueeze(-1), 0.5 * step, step)
-    keep = lower.reshape(-1, *[1] * (mean.dim() - 1))
-    group.q_mean = torch.where(keep, mean, new_mean)
-    group.q_sqrt = torch.where(keep.unsqueeze(-1), chol, new_chol)
+        before = objective()
+        gamma = self.steps.get(id(layer))
+        if gamma is None:
+            gamma = torch.full(before.shape, self.gamma, dtype=mean.dtype, device=mean.device)
+        size = _member_values(gamma, mean.shape[:-1])
+        new_mean, new_chol, ok = natural_update(mean, chol, *direction, size)
+        _assign(layer, ok, (new_mean, new_chol), (mean, chol))
+        after = objective()
+        rises = (after >= before - OBJECTIVE_TOLERANCE * before.abs()) & torch.isfinite(after)
+        keep = _member_values(rises, mean.shape[:-1]) & ok
+        _assign(layer, keep, (new_mean, new_chol), (mean, chol))
+        self.steps[id(layer)] = torch.where(rises, (2.0 * gamma).clamp_max(self.gamma),
+                                            0.5 * gamma)
 
 
-#: Relative decrease of a partition's ELBO that the safeguarded step treats as rounding.
-ELBO_TOLERANCE = 1e-12
+def _objectives(module: torch.nn.Module) -> list[tuple[SparseGPLayer, Objective]]:
+    """(layer, objective) for every variational layer, from the owners' declarations."""
+    layers = variational_layers(module)
+    if not layers:
+        raise ValueError(f"natural gradients need a sparse-GP layer with a variational q(u); "
+                         f"{type(module).__name__} has none (a collapsed bound's q is optimal "
+                         "already)")
+    declared: dict[int, Objective] = {}
+    for owner in module.modules():
+        if hasattr(owner, "natural_gradient_objectives"):
+            declared.update({id(layer): objective
+                             for layer, objective in owner.natural_gradient_objectives()})
+    missing = [layer for layer in layers if id(layer) not in declared]
+    if missing:
+        raise ValueError(f"{type(module).__name__} does not declare the objective of its "
+                         "sparse-GP layers (natural_gradient_objectives)")
+    return [(layer, declared[id(layer)]) for layer in layers]
 
 
-def _partition_elbo(group: BatchedSVGP) -> torch.Tensor:
-    """Every partition's ELBO on its full data [K], with the random state fixed so that Monte
-    Carlo expectations of two calls use the same draws."""
-    devices = [group.q_mean.device] if group.q_mean.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(0)
-        return group.elbo(group.data_X, group.data_y, group.data_mask)
+def _member_values(values: torch.Tensor, batch_shape: torch.Size) -> torch.Tensor:
+    """Per-member values [*B'] broadcast against a layer's batch [*B] (trailing ones added)."""
+    return values.reshape(*values.shape, *[1] * (len(batch_shape) - values.dim())
+                          ).expand(batch_shape)
+
+
+def _assign(layer: SparseGPLayer, take: torch.Tensor, new: tuple, old: tuple) -> None:
+    """q ← new where ``take`` [*B], else old."""
+    layer.q_mean = torch.where(take.unsqueeze(-1), new[0], old[0])
+    layer.q_sqrt = torch.where(take.unsqueeze(-1).unsqueeze(-1), new[1], old[1])
 
 
 def covariance_gradient(chol: torch.Tensor, raw_gradient: torch.Tensor) -> torch.Tensor:
@@ -148,29 +137,16 @@ def covariance_gradient(chol: torch.Tensor, raw_gradient: torch.Tensor) -> torch
 
 
 def natural_update(mean: torch.Tensor, chol: torch.Tensor, mean_grad: torch.Tensor,
-                   cov_grad: torch.Tensor, gamma: float | torch.Tensor, max_halvings: int = 20,
-                   precision: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(m', chol S') after θ ← θ + γ∂L/∂η, given m [..., M], L = chol S [..., M, M],
-    g = ∂L/∂m, symmetric G = ∂L/∂S and γ (a number, or one per batch member [...]); γ is halved
-    for each batch member whose new precision is not positive definite. ``precision``: S⁻¹ if
-    already computed."""
-    precision = torch.cholesky_inverse(chol) if precision is None else precision
-    step = torch.as_tensor(gamma, dtype=mean.dtype, device=mean.device).expand(
-        mean.shape[:-1]).clone()
-    for _ in range(max_halvings + 1):
-        new_precision = precision - 2.0 * step[..., None, None] * cov_grad
-        new_precision = 0.5 * (new_precision + new_precision.mT)
-        # chol(JPJ) = R with J the reversal: P⁻¹ = (J R⁻ᵀ J)(J R⁻ᵀ J)ᵀ, and J R⁻ᵀ J is lower.
-        reversed_factor, info = torch.linalg.cholesky_ex(new_precision.flip((-2, -1)))
-        failed = (info > 0) | ~torch.isfinite(reversed_factor).all(-1).all(-1)
-        if not bool(failed.any()):
-            break
-        step = torch.where(failed, 0.5 * step, step)
-    else:
-        raise FloatingPointError(
-            f"natural-gradient step: the new precision of q(u) is not positive definite even "
-            f"with the step size halved {max_halvings} times")
-    eye = torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
-    new_chol = triangular_solve(reversed_factor, eye).mT.flip((-2, -1))
+                   cov_grad: torch.Tensor, gamma: float | torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(m', chol S', ok) after θ ← θ + γ∂L/∂η, given m [..., M], L = chol S [..., M, M],
+    g = ∂L/∂m, symmetric G = ∂L/∂S and γ (a number, or one per member [...]). ``ok`` [...] is
+    False where the new precision is not positive definite (m', S' are then not finite)."""
+    precision = torch.cholesky_inverse(chol)
+    step = torch.as_tensor(gamma, dtype=mean.dtype, device=mean.device).expand(mean.shape[:-1])
+    new_precision = precision - 2.0 * step[..., None, None] * cov_grad
+    new_chol = inverse_cholesky(0.5 * (new_precision + new_precision.mT), check=False)
     direction = (new_chol @ (new_chol.mT @ mean_grad.unsqueeze(-1))).squeeze(-1)
-    return mean + step.unsqueeze(-1) * direction, new_chol
+    new_mean = mean + step.unsqueeze(-1) * direction
+    ok = torch.isfinite(new_chol).all(-1).all(-1) & torch.isfinite(new_mean).all(-1)
+    return new_mean, new_chol, ok

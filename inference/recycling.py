@@ -3,8 +3,8 @@
 :func:`recycle` is what the ``pyrogp recycle`` command calls::
 
     modules = load_modules_from(path)
-    meta, module, result = recycle(modules, num_inducing=35, config=TrainConfig(...))
-    save_module(module, out)
+    fit = recycle(modules, RecycleSpec(num_inducing=35), TrainConfig(...))
+    save_module(fit.module, out)       # fit.model is the trained MetaGP
 
 Initialisation: Z_* are k-means centres of all modules' inducing inputs (and of the raw inputs),
 or a grid over their span; ψ_* takes the median of the modules' hyperparameters; q(v) starts at
@@ -16,21 +16,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from inference.fit_result import Fit
 from inference.trainer import TrainConfig, TrainResult, train
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.inducing import grid_inducing
 from pyrogp_models.data.kmeans import kmeans
 from pyrogp_models.errors import DataError
+from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.kernels import Stationary
 from pyrogp_models.likelihoods import LIKELIHOODS, make_likelihood
-from pyrogp_models.models.local.svgp import DEFAULT_JITTER
 from pyrogp_models.models.meta.meta_gp import MetaGP, choose_likelihood
 from pyrogp_models.models.meta.multioutput import MultiOutputMetaGP
+from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.stack import ModuleStack, clip_site_precisions, most_common_kernel
 
@@ -49,14 +50,18 @@ class RawData:
 class RecycleSpec:
     """How to build the meta-GP.
 
-    ``kernel``/``ard``: the global kernel family and ARD flag (default: the modules' most common
-    family; ARD if any module is ARD). ``inducing_init``: ``"kmeans"`` or ``"grid"``.
+    ``num_inducing``: M of the meta-GP. ``collapsed``: learn ψ_*, Z_* on the collapsed bound
+    L_E^* (q(v) at its optimum; Gaussian raw data only). ``kernel``/``ard``: the global kernel
+    family and ARD flag (default: the modules' most common family; ARD if any module is ARD).
+    ``inducing_init``: ``"kmeans"`` or ``"grid"``.
     ``on_unbounded``: ``"raise"`` or ``"warn"`` when the bound is unbounded above;
     ``repair_sites`` clips the modules' site precisions first. ``likelihood`` /
     ``likelihood_params``: the exported module's likelihood (see
     :func:`pyrogp_models.models.meta.meta_gp.choose_likelihood`).
     """
 
+    num_inducing: int = 35
+    collapsed: bool = False
     kernel: str | None = None
     ard: bool | None = None
     inducing_init: str = "kmeans"
@@ -72,25 +77,27 @@ class RecycleSpec:
     device: str | torch.device = "cpu"
 
 
-class Recycled(NamedTuple):
-    """The trained meta-GP, its exported module and the training record."""
+@dataclass
+class Recycled(Fit):
+    """The trained :class:`MetaGP` (``model``), its training record and its exported module
+    (``predictor``, also ``module``): a module again, so it can be saved and recycled."""
 
-    meta: MetaGP
-    module: Module
-    result: TrainResult
+    @property
+    def module(self) -> Module:
+        return self.predictor
 
 
-def recycle(modules: Mapping[str, Module], num_inducing: int, collapsed: bool = False,
-            raw_data: RawData | None = None, config: TrainConfig | None = None,
-            spec: RecycleSpec | None = None) -> Recycled:
-    """Fit a meta-GP with ``num_inducing`` inducing inputs to ``modules`` (and ``raw_data``).
+def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
+            config: TrainConfig | None = None, raw_data: RawData | None = None) -> Recycled:
+    """Fit a meta-GP to ``modules`` (and ``raw_data``).
 
-    ``collapsed`` learns ψ_*, Z_* on the collapsed bound L_E^* (q(v) at its optimum, Gaussian raw
-    data only); otherwise q(v), ψ_*, Z_* (and the raw data's likelihood) are learned on L_E,
-    starting from the collapsed optimum. The boundedness of the bound is checked before, during
-    (every ``config.window`` model evaluations) and after training.
+    With ``spec.collapsed`` ψ_*, Z_* are learned on the collapsed bound L_E^*; otherwise q(v),
+    ψ_*, Z_* (and the raw data's likelihood) are learned on L_E, starting from the collapsed
+    optimum. The boundedness of the bound is checked before, during (every ``config.window``
+    model evaluations) and after training.
     """
     spec = spec or RecycleSpec()
+    num_inducing, collapsed = spec.num_inducing, spec.collapsed
     config = config or TrainConfig()
     stack = (ModuleStack.from_modules(modules, dtype=spec.dtype, device=spec.device)
              if modules else None)
@@ -112,7 +119,7 @@ def recycle(modules: Mapping[str, Module], num_inducing: int, collapsed: bool = 
                   collapsed=collapsed, learn_inducing=spec.learn_inducing,
                   learn_kernel=spec.learn_kernel, jitter=spec.jitter,
                   on_unbounded=spec.on_unbounded, check_every=config.window,
-                  standardisation=standardisation, name=spec.name)
+                  standardisation=standardisation)
     if meta.check_bounded() > 0:
         meta.set_optimal_posterior()
     result = _train_if_trainable(meta, config)
@@ -122,7 +129,8 @@ def recycle(modules: Mapping[str, Module], num_inducing: int, collapsed: bool = 
                   "site_repairs": repairs, "train_steps": result.steps,
                   "converged": result.converged,
                   "spec": {k: str(v) for k, v in asdict(spec).items()}}
-    return Recycled(meta, replace(module, info={**module.info, "recycle": provenance}), result)
+    return Recycled(meta, result, replace(module, info={**module.info, "recycle": provenance}),
+                    meta.standardisation)
 
 
 def _raw_data_terms(stack: ModuleStack | None, raw_data: RawData | None, spec: RecycleSpec):
@@ -210,17 +218,23 @@ def _train_if_trainable(module, config: TrainConfig) -> TrainResult:
 
 
 # Multi-output --------------------------------------------------------------------------------
-class RecycledMultiOutput(NamedTuple):
-    """The trained multi-output meta-GP and its training record."""
+@dataclass
+class RecycledMultiOutput:
+    """The trained multi-output meta-GP (``model``) and its training record; ``predictor(name)``
+    is the data-units predictor of the output of module ``name``."""
 
-    meta: MultiOutputMetaGP
+    model: MultiOutputMetaGP
     result: TrainResult
 
+    def predictor(self, output: str) -> Predictor:
+        return self.model.predictor(output)
 
-def recycle_multioutput(modules: Mapping[str, Module], num_latent: int, num_inducing: int,
-                        config: TrainConfig | None = None, spec: RecycleSpec | None = None
+
+def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
+                        spec: RecycleSpec | None = None, config: TrainConfig | None = None
                         ) -> RecycledMultiOutput:
-    """Fit the LMC meta-GP with ``num_latent`` latent functions, one output per module.
+    """Fit the LMC meta-GP with ``num_latent`` latent functions and ``spec.num_inducing``
+    inducing inputs each, one output per module.
 
     Every latent starts with the k-means Z_* and the modules' median lengthscale; the mixing
     weights start from the leading singular vectors of the modules' posterior means at Z_* (see
@@ -233,15 +247,14 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int, num_indu
     if spec.repair_sites:
         stack, _ = clip_site_precisions(stack)
     points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
-    inducing = initial_inducing(points, num_inducing, spec.inducing_init, config.seed)
+    inducing = initial_inducing(points, spec.num_inducing, spec.inducing_init, config.seed)
     ard = spec.ard if spec.ard is not None else any(m.ard for m in stack.modules.values())
     lengthscale, _ = initial_hyperparameters(stack, inducing.shape[-1], ard)
     meta = MultiOutputMetaGP(stack, inducing.expand(num_latent, -1, -1), spec.kernel or
                              most_common_kernel(stack), lengthscale.expand(num_latent, -1),
                              initial_mixing(stack, inducing, num_latent, config.seed),
                              learn_inducing=spec.learn_inducing, jitter=spec.jitter,
-                             on_unbounded=spec.on_unbounded, check_every=config.window,
-                             name=spec.name)
+                             on_unbounded=spec.on_unbounded, check_every=config.window)
     if meta.check_bounded() > 0:
         meta.set_optimal_posterior()
     result = _train_if_trainable(meta, config)

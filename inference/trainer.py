@@ -1,29 +1,36 @@
-"""Training Pyro models by stochastic variational inference.
+"""Training Pyro models by stochastic variational inference: the library's one trainer.
 
 The loss is Pyro's ``TraceMeanField_ELBO`` (analytic KL terms) of a PyroModule's ``model`` and
-``guide``; parameters are the module's own (``pyro.settings.set(module_local_params=True)``, so
-several models live in one process). Optimisers: Adam, or full-batch L-BFGS with a strong-Wolfe
-line search. Losses stay on the device and are read back only once per convergence window, so the
-loop does not synchronise with an accelerator at every step.
+``guide``, both called with no arguments (every model binds its data) unless ``args`` are given.
+Optimisers: Adam, or full-batch L-BFGS with a strong-Wolfe line search.
 
-With ``natural_gradient_lr`` set, q(u) of every
-:class:`~pyrogp_models.models.local.svgp.BatchedSVGP` group is
-updated by a natural-gradient step of that size (:mod:`inference.natural_gradient`) and the
-optimiser then takes one step on every other parameter, at the new q(u); the recorded loss is the
-one of that optimiser step. Each of the two evaluates the loss (with minibatches, on its own draw).
+Pre-step hooks run before every optimiser step and own some parameters, which the optimiser then
+leaves alone: a natural-gradient step on every q(u) (:class:`inference.natural_gradient.
+NaturalGradient`, from ``natural_gradient_lr``), or a closed-form solve for q (the distributed
+kernel's conjugate-gradient solve). The recorded loss is the one of the optimiser's step.
+
+No value is read back to the host inside a step: losses stay on the device and factorisations
+run under :func:`~pyrogp_models.gaussian.linalg.deferred_checks` (a failed Cholesky factor turns
+the loss NaN). The loss history is read once per convergence window of ``window`` steps, where a
+non-finite loss stops the fit with one line naming the cause. (L-BFGS's line search compares
+losses on the host by design.)
 
 Convergence: stop when the mean loss of the last ``window`` steps differs from that of the window
-before by less than ``tol`` relative. Checkpoints (safetensors + JSON, written atomically) hold
-the parameters, the optimiser state, the step, the loss history and the random state, so a fit
-resumes exactly where it stopped.
+before by less than ``tol`` relative. ``time_budget`` stops after that many seconds. Checkpoints
+(safetensors + JSON, written atomically) hold the parameters, the optimiser state, the step, the
+loss history and the random state — never data (models register their data as non-persistent
+buffers) — so a fit resumes exactly where it stopped.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import pyro
 import torch
@@ -32,17 +39,23 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 from tqdm import tqdm
 
-from inference.natural_gradient import natural_gradient_step, split_parameters
+from inference.natural_gradient import NaturalGradient
+from pyrogp_models.errors import CholeskyError
+from pyrogp_models.gaussian.linalg import deferred_checks
 from pyrogp_models.modules.files import atomic_write
 
-pyro.settings.set(module_local_params=True)
+OPTIMIZERS = ("adam", "lbfgs")
 
 
 @dataclass
 class TrainConfig:
-    """How to train. ``steps`` is the maximum number of optimiser steps. ``natural_gradient_lr``:
-    step size γ of a natural-gradient step on q(u) before every optimiser step (None: q(u) is
-    optimised with the other parameters)."""
+    """How to train.
+
+    ``steps`` is the maximum number of optimiser steps; ``tol``/``window`` the convergence test
+    (None: run all steps); ``natural_gradient_lr`` the step size γ of a natural-gradient step on
+    every q(u) before each optimiser step (None: q(u) is optimised with the other parameters);
+    ``time_budget`` a limit in seconds.
+    """
 
     optimizer: str = "adam"
     lr: float = 0.05
@@ -55,26 +68,39 @@ class TrainConfig:
     checkpoint_every: int = 500
     resume: bool = False
     natural_gradient_lr: float | None = None
+    time_budget: float | None = None
 
     def __post_init__(self):
-        if self.optimizer not in ("adam", "lbfgs"):
+        if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer '{self.optimizer}'; choose adam or lbfgs")
         gamma = self.natural_gradient_lr
         if gamma is not None and not 0.0 < gamma <= 1.0:
             raise ValueError(f"natural_gradient_lr must be in (0, 1], got {gamma}")
+        if self.steps < 0 or self.window < 1:
+            raise ValueError(f"steps must be ≥ 0 and window ≥ 1, got {self.steps}, {self.window}")
 
 
 @dataclass
 class TrainResult:
-    """Loss history (negative ELBO summed over the model's pieces) and how training ended."""
+    """Loss history (negative ELBO summed over the model's pieces) and how training ended;
+    ``seconds`` is the wall time of the loop."""
 
     losses: list[float] = field(default_factory=list)
     converged: bool = False
     steps: int = 0
+    seconds: float = 0.0
 
     @property
     def final_loss(self) -> float:
         return self.losses[-1] if self.losses else math.nan
+
+
+class PreStepHook(Protocol):
+    """Runs before each optimiser step; ``parameters`` are the ones it updates itself."""
+
+    parameters: Sequence[torch.nn.Parameter]
+
+    def __call__(self, loss_fn: Callable[[], torch.Tensor]) -> None: ...
 
 
 def _make_optimizer(config: TrainConfig, params):
@@ -94,15 +120,16 @@ def _converged(losses: torch.Tensor, step: int, window: int, tol: float) -> bool
 
 
 def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
-          **kwargs) -> TrainResult:
-    """Maximise the ELBO of ``module.model`` / ``module.guide`` called with ``args, kwargs``."""
+          hooks: Sequence[PreStepHook] = (), **kwargs) -> TrainResult:
+    """Maximise the ELBO of ``module.model`` / ``module.guide`` (called with ``args, kwargs``)."""
     config = config or TrainConfig()
-    elbo = TraceMeanField_ELBO()
-    groups = None
-    params = list(module.parameters())
+    hooks = list(hooks)
     if config.natural_gradient_lr is not None:
-        groups, params = split_parameters(module)
+        hooks.append(NaturalGradient(module, config.natural_gradient_lr))
+    owned = {id(p) for hook in hooks for p in hook.parameters}
+    params = [p for p in module.parameters() if p.requires_grad and id(p) not in owned]
     optimizer = _make_optimizer(config, params)
+    elbo = TraceMeanField_ELBO()
     result = TrainResult()
     start = 0
     if config.resume and config.checkpoint and Path(config.checkpoint).exists():
@@ -116,46 +143,68 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     def closure():
         optimizer.zero_grad()
         loss = loss_fn()
-        loss.backward(inputs=None if groups is None else params)  # q(u): natural step
+        if params:
+            loss.backward(inputs=params)
         return loss
 
-    reference = params[0] if params else torch.zeros(())
-    losses = torch.full((config.steps,), math.nan, dtype=reference.dtype,
+    reference = next(iter(module.parameters()), torch.zeros(()))
+    losses = torch.full((max(config.steps, 1),), math.nan, dtype=reference.dtype,
                         device=reference.device)
     losses[:start] = torch.as_tensor(result.losses[:start], dtype=losses.dtype)
     bar = tqdm(total=config.steps, initial=start, disable=not config.progress, desc="fit",
                leave=False)
-    step = start
+    step, began = start, time.perf_counter()
     try:
-        while step < config.steps:
-            if groups is not None:
-                natural_gradient_step(loss_fn, groups, config.natural_gradient_lr)
-            if config.optimizer == "adam":
-                loss = closure()
-                optimizer.step()
-            else:
-                loss = optimizer.step(closure)
-            losses[step] = loss.detach()
-            step += 1
-            bar.update(1)
-            if step % config.window == 0:
-                if not bool(torch.isfinite(losses[step - 1])):
-                    raise FloatingPointError(f"the loss became {losses[step - 1].item()} at "
-                                             f"step {step}; try a smaller learning rate")
-                bar.set_postfix(loss=f"{losses[step - 1].item():.4g}")
-                if config.tol is not None and _converged(losses, step, config.window,
-                                                         config.tol):
-                    result.converged = True
+        with deferred_checks():
+            while step < config.steps:
+                for hook in hooks:
+                    hook(loss_fn)
+                if config.optimizer == "adam":
+                    loss = closure()
+                    if params:
+                        optimizer.step()
+                else:
+                    loss = optimizer.step(closure)
+                losses[step] = loss.detach()
+                step += 1
+                bar.update(1)
+                out_of_time = (config.time_budget is not None
+                               and time.perf_counter() - began >= config.time_budget)
+                if step % config.window == 0 or step == config.steps or out_of_time:
+                    _check_finite(losses, step, loss_fn)
+                    bar.set_postfix(loss=f"{losses[step - 1].item():.4g}")
+                    if (config.tol is not None and step % config.window == 0
+                            and _converged(losses, step, config.window, config.tol)):
+                        result.converged = True
+                        break
+                if config.checkpoint and step % config.checkpoint_every == 0:
+                    save_checkpoint(config.checkpoint, module, optimizer, step, losses[:step])
+                if out_of_time:
                     break
-            if config.checkpoint and step % config.checkpoint_every == 0:
-                save_checkpoint(config.checkpoint, module, optimizer, step, losses[:step])
     finally:
         bar.close()
     result.losses = losses[:step].tolist()
     result.steps = step
+    result.seconds = time.perf_counter() - began
     if config.checkpoint:
         save_checkpoint(config.checkpoint, module, optimizer, step, losses[:step])
     return result
+
+
+def _check_finite(losses: torch.Tensor, step: int, loss_fn: Callable[[], torch.Tensor]) -> None:
+    """Raise if a loss of the last window is not finite, naming a failed factorisation when an
+    evaluation with checks finds one."""
+    if bool(torch.isfinite(losses[:step]).all()):
+        return
+    first = int(torch.nonzero(~torch.isfinite(losses[:step]))[0]) + 1
+    with torch.no_grad():
+        try:
+            loss_fn()
+        except CholeskyError as error:
+            raise CholeskyError(f"{error} (at step {first} of the fit; try a smaller learning "
+                                "rate)") from None
+    raise FloatingPointError(f"the loss became {losses[first - 1].item()} at step {first}; try a "
+                             "smaller learning rate")
 
 
 # Checkpoints --------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import xarray as xr
 from scipy.special import logsumexp
 from scipy.stats import norm
 
-from inference import arviz_bridge as ab
+from pyrogp_models import arviz_bridge as ab
 
 SIGMA, TAU, N, S = 1.0, 2.0, 20, 4000
 

@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from inference import arviz_bridge
-from inference.diagnostics import module_inference_data
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.metrics import pit_uniformity
 from inference.trainer import TrainConfig
+from pyrogp_models import arviz_bridge
 from pyrogp_models.data.partitioners import partition_random
 
 
@@ -17,7 +16,7 @@ def regression_module():
     rng = np.random.default_rng(0)
     X = rng.uniform(0, 5, size=(200, 1))
     y = 3.0 + 2.0 * np.sin(X[:, 0]) + 0.3 * rng.standard_normal(200)
-    fit = fit_local(X, y, partition_random(200, 1, 0), LocalFitSpec(num_inducing=10),
+    fit = fit_local((X, y, partition_random(200, 1, 0)), LocalFitSpec(num_inducing=10),
                     TrainConfig(steps=500, lr=0.05))
     X_test = rng.uniform(0, 5, size=(80, 1))
     y_test = 3.0 + 2.0 * np.sin(X_test[:, 0]) + 0.3 * rng.standard_normal(80)
@@ -26,7 +25,7 @@ def regression_module():
 
 def test_groups_and_shapes(regression_module):
     module, X, y = regression_module
-    idata = module_inference_data(module, X, y, num_samples=300)
+    idata = module.to_inference_data(X, y, num_samples=300)
     assert arviz_bridge.group(idata, "posterior")["f"].shape == (1, 300, 80)
     assert arviz_bridge.group(idata, "posterior")["u"].shape == (1, 300, 1, 10)
     assert arviz_bridge.group(idata, "posterior_predictive")["y"].shape == (1, 300, 80)
@@ -36,7 +35,7 @@ def test_groups_and_shapes(regression_module):
 
 def test_draws_agree_with_closed_form_predictive(regression_module):
     module, X, y = regression_module
-    idata = module_inference_data(module, X, y, num_samples=4000, seed=1)
+    idata = module.to_inference_data(X, y, num_samples=4000, seed=1)
     f = arviz_bridge.group(idata, "posterior")["f"].values[0]
     mean, var = module.predict_f(X)
     s = module.standardisation
@@ -51,7 +50,7 @@ def test_draws_agree_with_closed_form_predictive(regression_module):
 
 def test_posterior_predictive_pit_is_uniform_for_a_well_specified_model(regression_module):
     module, X, y = regression_module
-    idata = module_inference_data(module, X, y, num_samples=2000)
+    idata = module.to_inference_data(X, y, num_samples=2000)
     draws = arviz_bridge.group(idata, "posterior_predictive")["y"].values[0]
     pit = (draws < y).mean(0)
     assert pit_uniformity(pit) < 0.2
@@ -62,10 +61,10 @@ def test_classifier_draws_are_labels():
     rng = np.random.default_rng(1)
     X = rng.uniform(-3, 3, size=(150, 1))
     y = (rng.uniform(size=150) < 1 / (1 + np.exp(-2 * X[:, 0]))).astype(float)
-    fit = fit_local(X, y, partition_random(150, 1, 0),
+    fit = fit_local((X, y, partition_random(150, 1, 0)),
                     LocalFitSpec(num_inducing=6, likelihood="bernoulli"),
                     TrainConfig(steps=200))
-    idata = module_inference_data(fit.modules["part000"], X, y, num_samples=200)
+    idata = fit.modules["part000"].to_inference_data(X, y, num_samples=200)
     draws = arviz_bridge.group(idata, "posterior_predictive")["y"].values
     assert set(np.unique(draws)) <= {0.0, 1.0}
     log_lik = arviz_bridge.group(idata, "log_likelihood")["y"].values

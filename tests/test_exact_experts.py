@@ -10,7 +10,7 @@ import pyro
 import pytest
 import torch
 
-from inference.experts_fit import fit_exact_experts
+from inference.experts_fit import ExpertsSpec, fit_exact_experts
 from inference.trainer import TrainConfig, train
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import partition_kmeans, partition_random
@@ -88,7 +88,7 @@ def test_model_is_a_pyro_factor_with_an_empty_guide():
     X, y, _ = data(40)
     model = experts(X, y, partition_random(len(y), 4, 0))
     trace = pyro.poutine.trace(model.model).get_trace()
-    site = trace.nodes["experts.log_marginal"]
+    site = trace.nodes[f"{model._pyro_name}.log_marginal"]
     assert site["type"] == "sample" and site["is_observed"]
     np.testing.assert_allclose(site["fn"].log_prob(site["value"]).item(),
                                model.log_marginal().sum().item(), **TOL)
@@ -136,8 +136,8 @@ def test_exported_module_predicts_like_the_exact_gp(noise):
 def test_fit_in_data_units_matches_the_exact_gp_in_model_units():
     X, y, Xs = data()
     X, y = 10.0 * X + 3.0, 5.0 * y - 2.0
-    fit = fit_exact_experts(X, y, partition_random(len(y), 1, 0), ard=True,
-                            config=TrainConfig(optimizer="lbfgs", lr=1.0, steps=5, window=1))
+    fit = fit_exact_experts((X, y, partition_random(len(y), 1, 0)), ExpertsSpec(ard=True),
+                            TrainConfig(optimizer="lbfgs", lr=1.0, steps=5, window=1))
     (module,) = fit.modules.values()
     s = fit.standardisation
     Xm, ym, Xsm = s.transform_x(X), s.transform_y(y), s.transform_x(10.0 * Xs + 3.0)

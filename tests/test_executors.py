@@ -84,24 +84,23 @@ def test_split_partitions_balances_points_in_contiguous_non_empty_runs():
 def test_each_task_holds_only_its_chunk(data, uneven_partition):
     X, y = data
     spec = LocalFitSpec(num_inducing=[4, 5, 4, 5, 4])
-    chunks, tasks, standardisation = chunk_tasks(X, y, uneven_partition, 2, spec, CONFIG)
+    chunks, tasks, standardisation = chunk_tasks((X, y, uneven_partition), 2, spec, CONFIG)
     assert np.concatenate(chunks).tolist() == list(range(5))
     for chunk, task in zip(chunks, tasks, strict=True):
         rows = np.isin(uneven_partition.assignments, chunk)
         np.testing.assert_array_equal(task.X, X[rows])
         np.testing.assert_array_equal(task.y, y[rows])
         assert task.spec.num_inducing == [[4, 5, 4, 5, 4][k] for k in chunk]
-        assert task.names == [f"part{k:03d}" for k in chunk]
-        assert task.standardisation is standardisation
+        assert task.spec.names == [f"part{k:03d}" for k in chunk]
+        assert task.spec.standardisation is standardisation
     np.testing.assert_allclose(standardisation.x_mean, X.mean(0))
 
 
 def test_two_workers_reproduce_the_in_process_fit(client, data, uneven_partition):
     X, y = data
-    spec = LocalFitSpec(num_inducing=[4, 5, 4, 5, 4])
-    names = ["a", "b", "c", "d", "e"]
-    expected = fit_local(X, y, uneven_partition, spec, CONFIG, names)
-    fit = fit_local_distributed(client, X, y, uneven_partition, spec, CONFIG, names)
+    spec = LocalFitSpec(num_inducing=[4, 5, 4, 5, 4], names=["a", "b", "c", "d", "e"])
+    expected = fit_local((X, y, uneven_partition), spec, CONFIG)
+    fit = fit_local_distributed(client, (X, y, uneven_partition), spec, CONFIG)
     assert len(fit.chunks) == 2
     assert_same_modules(expected.modules, fit.modules)
     assert [m.info["partition"] for m in fit.modules.values()] == [0, 1, 2, 3, 4]
@@ -114,8 +113,8 @@ def test_collapsed_fit_with_more_workers_than_one(client, data):
     X, y = data
     partition = partition_contiguous(X, 3)
     spec = LocalFitSpec(num_inducing=6, collapsed=True, kernel="matern32")
-    expected = fit_local(X, y, partition, spec, CONFIG)
-    fit = fit_local_distributed(client, X, y, partition, spec, CONFIG)
+    expected = fit_local((X, y, partition), spec, CONFIG)
+    fit = fit_local_distributed(client, (X, y, partition), spec, CONFIG)
     assert len(fit.chunks) == 2
     assert_same_modules(expected.modules, fit.modules)
 
@@ -123,14 +122,14 @@ def test_collapsed_fit_with_more_workers_than_one(client, data):
 def test_worker_errors_reach_the_client(client, data, uneven_partition):
     X, _ = data
     with pytest.raises(DataError, match="0 or 1") as caught:
-        fit_local_distributed(client, X, np.full(len(X), 2.0), uneven_partition,
+        fit_local_distributed(client, (X, np.full(len(X), 2.0), uneven_partition),
                               LocalFitSpec(num_inducing=4, likelihood="bernoulli"), CONFIG)
     assert any(entry.name == "fit_chunk" for entry in caught.traceback)
 
 
 def test_in_process_is_the_default(data, uneven_partition):
     X, y = data
-    fit = fit_local_on(X, y, uneven_partition, LocalFitSpec(num_inducing=4),
+    fit = fit_local_on((X, y, uneven_partition), LocalFitSpec(num_inducing=4),
                        replace(CONFIG, steps=2))
     assert hasattr(fit, "model")
 

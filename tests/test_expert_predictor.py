@@ -48,7 +48,7 @@ def regression_data(n=150, seed=0):
 def exact_fit():
     torch.set_default_dtype(torch.float64)
     X, y, Xs = regression_data()
-    fit = fit_exact_experts(X, y, partition_kmeans(X, 4, seed=0),
+    fit = fit_exact_experts((X, y, partition_kmeans(X, 4, seed=0)),
                             config=TrainConfig(optimizer="lbfgs", lr=1.0, steps=1, window=1))
     return fit, X, y, Xs
 
@@ -57,7 +57,7 @@ def exact_fit():
 def svgp_modules():
     torch.set_default_dtype(torch.float64)
     X, y, _ = regression_data(seed=1)
-    fit = fit_local(X, y, partition_random(len(y), 3, 0),
+    fit = fit_local((X, y, partition_random(len(y), 3, 0)),
                     LocalFitSpec(num_inducing=[5, 8, 5]), QUICK)
     return fit.modules
 
@@ -87,7 +87,7 @@ def test_one_module_in_y_space_and_grbcm_with_one_augmented_expert(exact_fit):
     first = next(iter(fit.modules.values()))
     assert_predicts_like(ExpertCombination({"a": first}, "poe", space="y"), first, Xs, y_test)
     rows, partition = grbcm_rows(partition_random(len(y), 1, 0), 30, seed=0)
-    communication, augmented = fit_exact_experts(X[rows], y[rows], partition,
+    communication, augmented = fit_exact_experts((X[rows], y[rows], partition),
                                                  config=TrainConfig(steps=0)).modules.values()
     communication = replace(communication, info={**communication.info, "role": "communication"})
     combination = ExpertCombination({"augmented": augmented, "c": communication}, "grbcm")
@@ -179,7 +179,7 @@ def test_classification_combination_gives_probabilities(likelihood, options):
     rng = np.random.default_rng(0)
     X = rng.uniform(-3, 3, (240, 2))
     labels = (X[:, 0] > 0).astype(float) + (X[:, 1] > 1.0) * (likelihood == "categorical")
-    fit = fit_local(X, labels, partition_kmeans(X, 3, seed=0),
+    fit = fit_local((X, labels, partition_kmeans(X, 3, seed=0)),
                     LocalFitSpec(num_inducing=6, likelihood=likelihood,
                                  likelihood_options=options), QUICK)
     Xs = rng.uniform(-5, 5, (30, 2))

@@ -16,13 +16,14 @@ from inference.recycling import RawData, RecycleSpec, recycle
 from inference.trainer import TrainConfig, train
 from pyrogp_models.data import Standardisation, load_sunspots
 from pyrogp_models.data.partitioners import Partition, partition_contiguous
-from pyrogp_models.errors import IncompatibleModulesError
+from pyrogp_models.errors import IncompatibleModulesError, UnboundedBoundError
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.kernels import Stationary, stationary_covariance
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.models.local.svgp import BatchedSVGP
-from pyrogp_models.models.meta.meta_gp import MetaGP, UnboundedBoundError, UnboundedBoundWarning
+from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning
+from pyrogp_models.models.meta.meta_gp import MetaGP
 from pyrogp_models.modules.files import load_module, save_module
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.stack import ModuleStack, clip_site_precisions
@@ -241,7 +242,7 @@ def test_combined_bound_learns_the_new_datas_noise():
     modules = titsias_modules(X, y, lambda k, X_k: Z, [torch.arange(0, 40)])
     raw = RawData(X[40:].numpy(), y[40:].numpy())
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=8, window=4, tol=1e-9)
-    _, module, _ = recycle(modules, 12, collapsed=True, raw_data=raw, config=config)
+    module = recycle(modules, RecycleSpec(12, collapsed=True), config, raw).module
     assert module.info["likelihood_source"] == "raw data"
     assert 0.025 < float(module.likelihood_params["variance"]) < 0.06
 
@@ -249,8 +250,8 @@ def test_combined_bound_learns_the_new_datas_noise():
 def test_recycle_without_modules_fits_the_raw_data(tmp_path):
     X, y = regression_data(80, noise=0.01, seed=4)
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=5, tol=None)
-    _, module, _ = recycle({}, 15, collapsed=True, raw_data=RawData(X.numpy(), y.numpy()),
-                           config=config)
+    module = recycle({}, RecycleSpec(15, collapsed=True), config,
+                     RawData(X.numpy(), y.numpy())).module
     assert module.standardisation.x_mean == pytest.approx(X.mean(0).numpy())
     X_test = torch.linspace(0.5, 5.5, 40).unsqueeze(-1)
     mean, _ = module.predict_y(X_test)
@@ -401,8 +402,8 @@ def test_site_repair_makes_the_bound_bounded():
         whitened = torch.linalg.solve_triangular(group.prior_chol, group.chol, upper=False)
         assert torch.linalg.matrix_norm(whitened, ord=2).max() <= 1 + 1e-9
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=4, window=2)
-    meta, module, result = recycle(overlapping_unit_modules(), 8, config=config,
-                                   spec=RecycleSpec(repair_sites=True))
+    fit = recycle(overlapping_unit_modules(), RecycleSpec(8, repair_sites=True), config)
+    meta, module, result = fit.model, fit.module, fit.result
     assert meta.min_precision_eigenvalue() >= 1 - 1e-9
     assert math.isfinite(result.final_loss) and math.isfinite(module.elbo)
 
@@ -492,9 +493,7 @@ def test_site_gram_value_and_gradient(sizes):
 
 def test_unbounded_error_lives_in_errors_and_carries_its_findings():
     from pyrogp_models import errors
-    from pyrogp_models.models.meta import meta_gp
 
-    assert meta_gp.UnboundedBoundError is errors.UnboundedBoundError
     assert issubclass(errors.UnboundedBoundError, errors.PyrogpError)
     with pytest.raises(UnboundedBoundError) as caught:
         overlap_meta().check_bounded()
@@ -576,8 +575,8 @@ def test_gaussian_and_bernoulli_modules_share_one_latent_function():
     modules = {"reg": fit_modules(X_reg, y_reg, "gaussian", 10),
                "cls": fit_modules(X_cls, labels, "bernoulli", 10)}
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=8, window=4)
-    meta, classifier, _ = recycle(modules, 20, config=config,
-                                  spec=RecycleSpec(likelihood="bernoulli"))
+    fit = recycle(modules, RecycleSpec(20, likelihood="bernoulli"), config)
+    meta, classifier = fit.model, fit.module
     regressor = meta.to_module(likelihood="gaussian")
     grid_reg = torch.linspace(0.2, 2.8, 50).unsqueeze(-1)
     grid_cls = torch.linspace(3.2, 5.8, 50).unsqueeze(-1)
@@ -607,9 +606,9 @@ def toy_concatenation():
     X = np.sort(rng.uniform(0.0, 5.5, 2500))[:, None]
     y = f_bias(X[:, 0]) + 2.0 * rng.standard_normal(2500)
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=8, window=4, tol=1e-7)
-    local = fit_local(X, y, partition_contiguous(X, 5), LocalFitSpec(15, collapsed=True), config)
+    local = fit_local((X, y, partition_contiguous(X, 5)), LocalFitSpec(15, collapsed=True), config)
     one = Partition(np.zeros(2500, dtype=np.int64), {"kind": "random", "num_partitions": 1})
-    full = fit_local(X, y, one, LocalFitSpec(35, collapsed=True), config).modules["part000"]
+    full = fit_local((X, y, one), LocalFitSpec(35, collapsed=True), config).modules["part000"]
     X_test = np.linspace(0.0, 5.5, 400)[:, None]
     y_test = f_bias(X_test[:, 0]) + 2.0 * rng.standard_normal(400)
     return local.modules, full, config, X_test, y_test
@@ -618,7 +617,7 @@ def toy_concatenation():
 @pytest.mark.parametrize("collapsed", [False, True])
 def test_toy_concatenation_matches_a_full_data_svgp(toy_concatenation, collapsed):
     modules, full, config, X_test, y_test = toy_concatenation
-    _, module, _ = recycle(modules, 35, collapsed=collapsed, config=config)
+    module = recycle(modules, RecycleSpec(35, collapsed=collapsed), config).module
 
     def rmse_and_nlpd(module):
         mean, _ = module.predict_y(X_test)
@@ -638,11 +637,11 @@ def test_two_level_pyramid_matches_the_flat_meta_gp(toy_concatenation):
     same evidence."""
     modules, full, config, X_test, y_test = toy_concatenation
     names = list(modules)
-    lower = {name: recycle({n: modules[n] for n in group}, size, collapsed=True, config=config,
-                           spec=RecycleSpec(name=name)).module
+    lower = {name: recycle({n: modules[n] for n in group},
+                           RecycleSpec(size, collapsed=True, name=name), config).module
              for name, group, size in [("left", names[:3], 25), ("right", names[3:], 20)]}
-    top = recycle(lower, 35, collapsed=True, config=config).module
-    flat = recycle(modules, 35, collapsed=True, config=config).module
+    top = recycle(lower, RecycleSpec(35, collapsed=True), config).module
+    flat = recycle(modules, RecycleSpec(35, collapsed=True), config).module
     grid = torch.as_tensor(X_test)
     torch.testing.assert_close(top.predict_y(grid)[0], flat.predict_y(grid)[0], rtol=0,
                                atol=0.05)
@@ -661,8 +660,8 @@ def test_solar_meta_gp_beats_the_zero_predictor():
     test = rng.random(len(y_all)) < 0.2
     X, y = X_all[~test], y_all[~test]
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=5, window=5, tol=1e-6)
-    local = fit_local(X, y, partition_contiguous(X, 50), LocalFitSpec(6, collapsed=True), config)
-    _, module, _ = recycle(local.modules, 90, collapsed=True, config=config)
+    local = fit_local((X, y, partition_contiguous(X, 50)), LocalFitSpec(6, collapsed=True), config)
+    module = recycle(local.modules, RecycleSpec(90, collapsed=True), config).module
     mean, _ = module.predict_y(X_all[test])
     rmse = float(np.sqrt(np.mean((mean.numpy() - y_all[test]) ** 2)))
     zero_rmse = float(np.sqrt(np.mean(y_all[test] ** 2)))

@@ -23,7 +23,7 @@ def modules():
     rng = np.random.default_rng(0)
     X = rng.uniform(0, 3, size=(120, 2))
     y = np.sin(X[:, 0]) * np.cos(X[:, 1]) + 0.1 * rng.standard_normal(120)
-    fit = fit_local(X, y, partition_contiguous(X, 3), LocalFitSpec(num_inducing=5, ard=True),
+    fit = fit_local((X, y, partition_contiguous(X, 3)), LocalFitSpec(num_inducing=5, ard=True),
                     TrainConfig(steps=30))
     return fit.modules
 

@@ -9,14 +9,15 @@ import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from inference.local_fit import LocalFitSpec, fit_local
-from inference.recycling import recycle_multioutput
+from inference.recycling import RecycleSpec, recycle_multioutput
 from inference.trainer import TrainConfig
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import partition_by_label
-from pyrogp_models.errors import IncompatibleModulesError
+from pyrogp_models.errors import IncompatibleModulesError, UnboundedBoundError
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.kernels import Stationary, stationary_covariance
-from pyrogp_models.models.meta.meta_gp import MetaGP, UnboundedBoundError, UnboundedBoundWarning
+from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning
+from pyrogp_models.models.meta.meta_gp import MetaGP
 from pyrogp_models.models.meta.multioutput import MultiOutputMetaGP
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.stack import ModuleStack
@@ -145,12 +146,12 @@ def test_outputs_may_have_their_own_output_standardisation():
     multi = MultiOutputMetaGP(stack, Z.unsqueeze(0), "rbf", torch.tensor([[0.5]]),
                               torch.ones(2, 1))
     X = torch.linspace(0.0, 2.0, 7).unsqueeze(-1)
-    mean_a, var_a = multi.predict_y(X, "a")
-    mean_b, var_b = multi.predict_y(X, "b")
+    mean_a, var_a = multi.predictor("a").predict_y(X)
+    mean_b, var_b = multi.predictor("b").predict_y(X)
     torch.testing.assert_close(mean_b, 3 * mean_a)
     torch.testing.assert_close(var_b - 9 * 0.05, 9 * (var_a - 0.05))
     with pytest.raises(KeyError, match="no output 'c'"):
-        multi.predict_f(X, "c")
+        multi.predictor("c")
 
 
 # Transfer learning ------------------------------------------------------------------------------
@@ -168,10 +169,11 @@ def test_correlated_outputs_transfer_to_an_unobserved_range():
     targets = [truth(k, x) + 0.1 * rng.standard_normal(150) for k, x in enumerate(inputs)]
     labels = np.repeat(np.arange(3), 150)
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=5, tol=None)
-    local = fit_local(np.concatenate(inputs)[:, None], np.concatenate(targets),
-                      partition_by_label(labels, "output"), LocalFitSpec(10, collapsed=True),
+    local = fit_local((np.concatenate(inputs)[:, None], np.concatenate(targets),
+                      partition_by_label(labels, "output")), LocalFitSpec(10, collapsed=True),
                       config)
-    meta, result = recycle_multioutput(local.modules, 2, 15, config=config)
+    fit = recycle_multioutput(local.modules, 2, RecycleSpec(15), config)
+    meta, result = fit.model, fit.result
     assert result.losses[-1] < result.losses[0]
     grid = np.linspace(0.0, 1.0, 100)
     unseen = grid > 0.5
@@ -180,10 +182,10 @@ def test_correlated_outputs_transfer_to_an_unobserved_range():
         return float(np.sqrt(np.mean((values.numpy()[where] - truth(k, grid)[where]) ** 2)))
 
     for k, name in enumerate(local.modules):
-        meta_mean, _ = meta.predict_y(grid[:, None], name)
+        meta_mean, _ = meta.predictor(name).predict_y(grid[:, None])
         own_mean, _ = local.modules[name].predict_y(grid[:, None])
         observed = ~unseen if k == 2 else np.ones_like(unseen)
         assert rmse(meta_mean, k, observed) < 1.5 * rmse(own_mean, k, observed) + 0.02
-    meta_mean, _ = meta.predict_y(grid[:, None], "part002")
+    meta_mean, _ = meta.predictor("part002").predict_y(grid[:, None])
     own_mean, _ = local.modules["part002"].predict_y(grid[:, None])
     assert rmse(meta_mean, 2, unseen) < 0.4 * rmse(own_mean, 2, unseen)

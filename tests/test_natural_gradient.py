@@ -8,14 +8,8 @@ from pyro.infer import TraceMeanField_ELBO
 
 from inference.cli import main
 from inference.local_fit import LocalFitSpec, fit_local
-from inference.natural_gradient import (
-    covariance_gradient,
-    natural_gradient_step,
-    natural_update,
-    variational_groups,
-    variational_parameters,
-)
-from inference.recycling import recycle
+from inference.natural_gradient import NaturalGradient, covariance_gradient, natural_update
+from inference.recycling import RecycleSpec, recycle
 from inference.trainer import TrainConfig, train
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.models.local.collapsed import collapsed_bound
@@ -52,7 +46,7 @@ def local_model(likelihood: str, num_inducing=(4, 6, 4), sizes=SIZES, inducing=N
 
 def loss_fn(model):
     elbo = TraceMeanField_ELBO()
-    return lambda: elbo.differentiable_loss(model.model, model.guide, None)
+    return lambda: elbo.differentiable_loss(model.model, model.guide)
 
 
 def perturb_q(model, seed: int = 1) -> None:
@@ -82,7 +76,7 @@ def q_state(model) -> list[torch.Tensor]:
 def gaussian_model():
     """Two groups (M = 4, 6), hyperparameters and q moved away from their initial values."""
     model = local_model("gaussian")
-    train(model, None, config=TrainConfig(steps=10, lr=0.1, tol=None))
+    train(model, config=TrainConfig(steps=10, lr=0.1, tol=None))
     perturb_q(model)
     return model
 
@@ -93,17 +87,17 @@ def test_one_unit_step_attains_the_collapsed_bound(gaussian_model):
     bound = collapsed_bounds(model)
     before = model.elbo()
     assert bool((before < bound - 1.0).all())
-    natural_gradient_step(loss_fn(model), variational_groups(model), 1.0)
+    NaturalGradient(model, 1.0)(loss_fn(model))
     assert torch.allclose(model.elbo(), bound, rtol=1e-8, atol=0)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in hyper.items())
 
 
 def test_a_second_unit_step_is_a_fixed_point(gaussian_model):
     model = gaussian_model
-    groups = variational_groups(model)
-    natural_gradient_step(loss_fn(model), groups, 1.0)
+    step = NaturalGradient(model, 1.0)
+    step(loss_fn(model))
     first = q_state(model)
-    natural_gradient_step(loss_fn(model), groups, 1.0)
+    step(loss_fn(model))
     for a, b in zip(first, q_state(model), strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-8)
 
@@ -112,9 +106,9 @@ def test_partial_steps_converge_geometrically_to_the_collapsed_bound(gaussian_mo
     """Gaussian: the natural parameters move a fraction γ of the way to the optimum each step."""
     model = gaussian_model
     bound = collapsed_bounds(model)
-    gaps = []
+    gaps, step = [], NaturalGradient(model, 0.5)
     for _ in range(30):
-        natural_gradient_step(loss_fn(model), variational_groups(model), 0.5)
+        step(loss_fn(model))
         gaps.append(float((bound - model.elbo()).max()))
     assert all(b < a for a, b in zip(gaps, gaps[1:], strict=False) if a > 1e-9)
     assert gaps[-1] < 1e-6
@@ -122,28 +116,30 @@ def test_partial_steps_converge_geometrically_to_the_collapsed_bound(gaussian_mo
 
 def gradient_of_mean(model) -> float:
     loss = loss_fn(model)()
-    grads = torch.autograd.grad(loss, [s.q_mean_unconstrained for s in model.svgps])
+    grads = torch.autograd.grad(loss, [s.layer.q_mean_unconstrained for s in model.svgps])
     return max(float(g.abs().max()) for g in grads)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 5])
 @pytest.mark.parametrize("gamma", [0.5, 1.0])
-def test_bernoulli_natural_steps_reach_a_stationary_point_long_before_adam(gamma):
-    model = local_model("bernoulli")
-    groups = variational_groups(model)
+def test_bernoulli_natural_steps_reach_a_stationary_point_long_before_adam(gamma, seed):
+    """The safeguarded steps never lower the ELBO and reach ∇_m < 1e-6 within a few dozen steps
+    whatever the data draw, where 100 Adam steps on q(u) have not come near."""
+    x, y, partition = data("bernoulli", seed=seed)
+    model = LocalGPs(x, y, partition, [4, 6, 4], "bernoulli", inducing_init="grid")
+    step = NaturalGradient(model, gamma)
     elbos = [model.elbo().sum().item()]
-    steps = 0
     while gradient_of_mean(model) > 1e-6:
-        natural_gradient_step(loss_fn(model), groups, gamma)
+        step(loss_fn(model))
         elbos.append(model.elbo().sum().item())
-        steps += 1
-        assert steps <= (25 if gamma == 0.5 else 6)
-    assert all(b >= a for a, b in zip(elbos, elbos[1:], strict=False))
+        assert len(elbos) <= 60
+    assert all(b >= a - 1e-9 * abs(a) for a, b in zip(elbos, elbos[1:], strict=False))
     assert elbos[-1] > elbos[0] + 1.0
 
-    adam_model = local_model("bernoulli")
-    optimizer = torch.optim.Adam(variational_parameters(variational_groups(adam_model)), lr=0.05)
+    adam_model = LocalGPs(x, y, partition, [4, 6, 4], "bernoulli", inducing_init="grid")
+    optimizer = torch.optim.Adam(NaturalGradient(adam_model, 1.0).parameters, lr=0.05)
     loss = loss_fn(adam_model)
-    for _ in range(100):  # four times as many steps as the slowest natural-gradient run
+    for _ in range(100):
         optimizer.zero_grad()
         loss().backward()
         optimizer.step()
@@ -157,7 +153,7 @@ def test_a_batched_step_equals_steps_on_each_partition_alone(likelihood):
     perturb_q(batched)
     before = {key: value.clone() for key, value in batched.state_dict().items()
               if "data_" not in key}
-    natural_gradient_step(loss_fn(batched), variational_groups(batched), 0.7)
+    NaturalGradient(batched, 0.7)(loss_fn(batched))
     svgp = batched.svgps[0]
     x, y, partition = data(likelihood)
     for k in range(len(SIZES)):
@@ -167,7 +163,7 @@ def test_a_batched_step_equals_steps_on_each_partition_alone(likelihood):
                          5, likelihood, options(likelihood), inducing=[svgp.inducing[k].detach()])
         alone.load_state_dict({**alone.state_dict(),
                                **{key: value[k:k + 1] for key, value in before.items()}})
-        natural_gradient_step(loss_fn(alone), variational_groups(alone), 0.7)
+        NaturalGradient(alone, 0.7)(loss_fn(alone))
         assert torch.allclose(alone.svgps[0].q_mean, svgp.q_mean[k:k + 1], rtol=0, atol=1e-10)
         assert torch.allclose(alone.svgps[0].q_sqrt, svgp.q_sqrt[k:k + 1], rtol=0, atol=1e-10)
 
@@ -175,8 +171,8 @@ def test_a_batched_step_equals_steps_on_each_partition_alone(likelihood):
 def test_training_with_natural_steps_beats_adam_after_few_steps():
     x, y, partition = data("gaussian", sizes=(30, 45, 60))
     spec = LocalFitSpec(num_inducing=6)
-    adam = fit_local(x.numpy(), y.numpy(), partition, spec, TrainConfig(steps=30, tol=None))
-    natural = fit_local(x.numpy(), y.numpy(), partition, spec,
+    adam = fit_local((x.numpy(), y.numpy(), partition), spec, TrainConfig(steps=30, tol=None))
+    natural = fit_local((x.numpy(), y.numpy(), partition), spec,
                         TrainConfig(steps=30, tol=None, natural_gradient_lr=1.0))
     assert natural.result.steps == adam.result.steps == 30
     gain = natural.model.elbo() - adam.model.elbo()
@@ -188,7 +184,7 @@ def test_the_recorded_loss_is_taken_after_the_natural_step():
     initial hyperparameters."""
     model = local_model("gaussian")
     bound = collapsed_bounds(model).sum()
-    result = train(model, None, config=TrainConfig(steps=1, tol=None, natural_gradient_lr=1.0))
+    result = train(model, config=TrainConfig(steps=1, tol=None, natural_gradient_lr=1.0))
     assert result.losses[0] == pytest.approx(-float(bound), rel=1e-10)
 
 
@@ -198,12 +194,12 @@ def test_natural_steps_resume_from_a_checkpoint(tmp_path):
                               "checkpoint": tmp_path / "fit.safetensors", **kwargs})
 
     whole = local_model("bernoulli")
-    reference = train(whole, None, config=TrainConfig(steps=12, tol=None,
+    reference = train(whole, config=TrainConfig(steps=12, tol=None,
                                                       natural_gradient_lr=0.8))
     first = local_model("bernoulli")
-    train(first, None, config=config(checkpoint_every=5, steps=5))
+    train(first, config=config(checkpoint_every=5, steps=5))
     resumed = local_model("bernoulli")
-    result = train(resumed, None, config=config(resume=True))
+    result = train(resumed, config=config(resume=True))
     assert result.steps == 12
     assert result.losses == pytest.approx(reference.losses, rel=1e-12)
     for key, value in whole.state_dict().items():
@@ -214,9 +210,9 @@ def test_natural_gradients_need_uncollapsed_svgp_groups():
     x, y, partition = data("gaussian")
     collapsed = LocalGPs(x, y, partition, 4, collapsed=True)
     with pytest.raises(ValueError, match="collapsed"):
-        train(collapsed, None, config=TrainConfig(steps=1, natural_gradient_lr=1.0))
-    with pytest.raises(ValueError, match="BatchedSVGP"):
-        variational_groups(torch.nn.Linear(2, 2))
+        train(collapsed, config=TrainConfig(steps=1, natural_gradient_lr=1.0))
+    with pytest.raises(ValueError, match="sparse-GP layer"):
+        NaturalGradient(torch.nn.Linear(2, 2), 1.0)
     for bad in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="natural_gradient_lr"):
             TrainConfig(natural_gradient_lr=bad)
@@ -247,12 +243,12 @@ def test_modules_fitted_with_unit_natural_steps_can_be_recycled(likelihood):
     every module's site precision S_k⁻¹ − K_kk⁻¹ is positive semi-definite and the ensemble bound
     of the modules is bounded, however few steps were taken."""
     x, y, partition = data(likelihood, sizes=(30, 45, 60))
-    fit = fit_local(x.numpy(), y.numpy(), partition, LocalFitSpec(num_inducing=6,
+    fit = fit_local((x.numpy(), y.numpy(), partition), LocalFitSpec(num_inducing=6,
                                                                   likelihood=likelihood),
                     TrainConfig(steps=3, tol=None, natural_gradient_lr=1.0))
     assert ModuleStack.from_modules(fit.modules).indefinite_sites() == []
-    meta = recycle(fit.modules, num_inducing=8, collapsed=True,
-                   config=TrainConfig(optimizer="lbfgs", lr=1.0, steps=2)).meta
+    meta = recycle(fit.modules, RecycleSpec(num_inducing=8, collapsed=True),
+                   TrainConfig(optimizer="lbfgs", lr=1.0, steps=2)).model
     assert meta.check_bounded() > 0
 
 
@@ -263,23 +259,23 @@ def test_unit_steps_never_lower_a_partitions_elbo():
     likelihood = "categorical"
     model = local_model(likelihood, num_inducing=(5, 5, 5))
     perturb_q(model)
-    groups = variational_groups(model)
     start = model.elbo().detach()
 
     plain = local_model(likelihood, num_inducing=(5, 5, 5))
     plain.load_state_dict(model.state_dict())
     svgp = plain.svgps[0]
     loss = loss_fn(plain)()
-    mean_grad, sqrt_grad = torch.autograd.grad(loss, variational_parameters([svgp]))
+    mean_grad, sqrt_grad = torch.autograd.grad(loss, svgp.layer.variational_parameters())
     with torch.no_grad():
-        svgp.q_mean, svgp.q_sqrt = natural_update(
-            svgp.q_mean.clone(), svgp.q_sqrt.clone(), -mean_grad,
-            -covariance_gradient(svgp.q_sqrt, sqrt_grad), 1.0)
+        mean, chol, ok = natural_update(svgp.q_mean.clone(), svgp.q_sqrt.clone(), -mean_grad,
+                                        -covariance_gradient(svgp.q_sqrt, sqrt_grad), 1.0)
+        svgp.q_mean = torch.where(ok.unsqueeze(-1), mean, svgp.q_mean)
+        svgp.q_sqrt = torch.where(ok[..., None, None], chol, svgp.q_sqrt)
     assert bool((plain.elbo() < start).any())  # the overshoot the safeguard is for
 
-    elbos = [start]
+    elbos, step = [start], NaturalGradient(model, 1.0)
     for _ in range(10):
-        natural_gradient_step(loss_fn(model), groups, 1.0)
+        step(loss_fn(model))
         elbos.append(model.elbo().detach())
     history = torch.stack(elbos)
     assert bool((history[1:] >= history[:-1] - 1e-9 * history[:-1].abs()).all())

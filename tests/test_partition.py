@@ -14,7 +14,6 @@ from pyrogp_models.data.partitioners import (
     partition_kmeans,
     partition_random,
     route,
-    unpad,
 )
 from pyrogp_models.errors import DataError
 
@@ -184,41 +183,37 @@ def test_routing_checks_its_inputs():
         contiguous.route(np.zeros((1, 1)))
 
 
-def test_pad_puts_real_points_first_and_unpad_inverts_it():
+def test_pad_puts_real_points_first_and_indexes_their_rows():
     X = random_inputs(23, 3)
     y = np.arange(23.0)
     partition = partition_kmeans(X, 4, seed=1)
-    Xp, yp, mask, counts = pad_partitions(X, y, partition)
+    Xp, yp, mask, index = pad_partitions(X, y, partition)
     K, Nmax = 4, partition.sizes.max()
     assert Xp.shape == (K, Nmax, 3) and yp.shape == (K, Nmax) and mask.shape == (K, Nmax)
     assert Xp.dtype == torch.float64 and mask.dtype == torch.bool
-    assert counts.tolist() == partition.sizes.tolist()
+    assert mask.sum(-1).tolist() == partition.sizes.tolist()
     for k in range(K):
         rows = partition.indices(k)
         assert mask[k].tolist() == [True] * len(rows) + [False] * (Nmax - len(rows))
         assert np.array_equal(Xp[k, : len(rows)].numpy(), X[rows])
         assert np.array_equal(yp[k, : len(rows)].numpy(), y[rows])
+        assert index[k, : len(rows)].tolist() == rows.tolist()
         assert (Xp[k, len(rows) :] == 0).all() and (yp[k, len(rows) :] == 0).all()
-    assert np.array_equal(unpad(Xp, mask, partition).numpy(), X)
-    assert np.array_equal(unpad(yp, mask, partition).numpy(), y)
+    assert sorted(index[mask].tolist()) == list(range(23))
 
 
 def test_pad_keeps_tensor_dtype_and_trailing_output_dimensions():
     X = torch.randn(12, 2, dtype=torch.float32)
     y = torch.randn(12, 3, dtype=torch.float32)
     partition = partition_random(12, 5, seed=3)
-    Xp, yp, mask, _ = pad_partitions(X, y, partition)
+    Xp, yp, mask, index = pad_partitions(X, y, partition)
     assert Xp.dtype == torch.float32 and yp.shape == (5, 3, 3)
-    assert torch.equal(unpad(yp, mask, partition), y)
-    assert torch.equal(unpad(Xp * 2, mask, partition), X * 2)
+    restored = torch.empty_like(y)
+    restored[index[mask]] = yp[mask]
+    assert torch.equal(restored, y)
 
 
-def test_pad_and_unpad_check_sizes():
+def test_pad_checks_sizes():
     partition = partition_random(6, 2, seed=0)
     with pytest.raises(DataError, match="do not match a partition of 6 points"):
         pad_partitions(np.zeros((5, 1)), np.zeros(5), partition)
-    _, _, mask, _ = pad_partitions(np.zeros((6, 1)), np.zeros(6), partition)
-    wrong_mask = mask.clone()
-    wrong_mask[0, -1] = False
-    with pytest.raises(DataError, match="mask does not match"):
-        unpad(torch.zeros(2, 3), wrong_mask, partition)

@@ -11,9 +11,9 @@ from inference.trainer import TrainConfig
 from pyrogp_models.data.partitioners import partition_by_label, partition_kmeans, partition_random
 from pyrogp_models.errors import DataError, IncompatibleModulesError, ModuleFileError
 from pyrogp_models.modules.files import save_modules
+from pyrogp_models.modules.predictor import Predictor
+from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.routing import (
-    ModulePredictor,
-    Predictor,
     RoutedModules,
     as_predictor,
     load_predictor,
@@ -37,14 +37,14 @@ def data():
 def kmeans_fit(data):
     X, y, _ = data
     partition = partition_kmeans(X, 3, seed=0)
-    return fit_local(X, y, partition, LocalFitSpec(num_inducing=5), FEW_STEPS), partition
+    return fit_local((X, y, partition), LocalFitSpec(num_inducing=5), FEW_STEPS), partition
 
 
 @pytest.fixture(scope="module")
 def label_fit(data):
     X, y, labels = data
     partition = partition_by_label(labels, "site")
-    return fit_local(X, y, partition, LocalFitSpec(num_inducing=5), FEW_STEPS), partition
+    return fit_local((X, y, partition), LocalFitSpec(num_inducing=5), FEW_STEPS), partition
 
 
 def test_kmeans_routing_uses_the_module_of_the_nearest_centre(data, kmeans_fit):
@@ -116,7 +116,7 @@ def test_predictors_follow_the_protocol(tmp_path, data, kmeans_fit):
     fit, partition = kmeans_fit
     module = next(iter(fit.modules.values()))
     single = as_predictor(module)
-    assert isinstance(single, ModulePredictor) and isinstance(single, Predictor)
+    assert isinstance(single, Module) and isinstance(single, Predictor)
     torch.testing.assert_close(single.predict_y(X, labels=None)[0], module.predict_y(X)[0])
     assert single.likelihood_name == "gaussian" and not single.is_classifier
 

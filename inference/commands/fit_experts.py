@@ -10,7 +10,7 @@ from pathlib import Path
 
 from inference.commands.common import check_output_folder, describe_rule, write_module_folder
 from inference.commands.fit_local import _feature_names
-from inference.experts_fit import DEFAULT_TRAIN_CONFIG, fit_exact_experts
+from inference.experts_fit import DEFAULT_TRAIN_CONFIG, ExpertsSpec, fit_exact_experts
 from inference.tables import format_table
 from pyrogp_models.data import load_table, split_features_target
 from pyrogp_models.data.partitioners import partition_kmeans, partition_random
@@ -62,8 +62,9 @@ def run(args: argparse.Namespace) -> int:
     config = replace(DEFAULT_TRAIN_CONFIG, seed=args.seed, progress=sys.stderr.isatty())
     if args.steps is not None:
         config = replace(config, steps=args.steps)
-    fit = fit_exact_experts(X, y, partition, kernel=args.kernel, ard=args.ard, config=config,
-                            info={"features": features, "target": args.target})
+    spec = ExpertsSpec(kernel=args.kernel, ard=args.ard,
+                       info={"features": features, "target": args.target})
+    fit = fit_exact_experts((X, y, partition), spec, config)
     write_module_folder(fit.modules, args.out, partition.rule)
     rows = [(name, module.num_data, module.elbo) for name, module in fit.modules.items()]
     print(format_table(["expert", "N", "log marginal"], rows))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -92,20 +91,19 @@ def run(args: argparse.Namespace) -> int:
     features = _feature_names(table, args.target, args.features, partition_column)
     X, y = split_features_target(table, args.target, features)
     partition = _make_partition(args, table, X, partition_column)
+    info = {"features": features, "target": args.target}
+    if partition_column is not None:
+        info["partition_column"] = partition_column
     spec = LocalFitSpec(
         num_inducing=args.inducing, likelihood=args.likelihood,
         likelihood_options=_likelihood_options(args, y), kernel=args.kernel, ard=args.ard,
         collapsed=args.collapsed, batch_size=args.batch_size,
-        dtype=torch.float32 if args.float32 else torch.float64)
+        dtype=torch.float32 if args.float32 else torch.float64, info=info)
     config = TrainConfig(lr=args.lr, steps=args.steps, seed=args.seed,
                          progress=sys.stderr.isatty(), natural_gradient_lr=args.natural_gradient)
-    fit = fit_local_on(X, y, partition, spec, config, workers=args.workers,
+    fit = fit_local_on((X, y, partition), spec, config, workers=args.workers,
                        scheduler=args.scheduler)
-    info = {"features": features, "target": args.target}
-    if partition_column is not None:
-        info["partition_column"] = partition_column
-    modules = {name: replace(module, info={**module.info, **info})
-               for name, module in fit.modules.items()}
+    modules = fit.modules
     write_module_folder(modules, args.out, partition.rule)
     rows = [(name, module.num_data, module.num_inducing, module.elbo)
             for name, module in modules.items()]

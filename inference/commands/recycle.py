@@ -18,7 +18,7 @@ from inference.trainer import TrainConfig
 from pyrogp_models.data import load_table, require_finite
 from pyrogp_models.errors import DataError, IncompatibleModulesError, UnboundedBoundError
 from pyrogp_models.likelihoods import LIKELIHOODS
-from pyrogp_models.models.meta.meta_gp import UnboundedBoundWarning, describe_unbounded
+from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning, describe_unbounded
 from pyrogp_models.modules.files import SUFFIX, load_modules_from, save_module
 from pyrogp_models.modules.record import Module
 
@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     modules = _load_all(args.paths)
     columns = _shared_columns(modules)
     raw = _raw_data(args, modules, columns.get("target")) if args.data is not None else None
-    spec = RecycleSpec(on_unbounded="warn" if args.on_unbounded == "warn" else "raise",
+    spec = RecycleSpec(num_inducing=args.inducing, collapsed=args.collapsed,
+                       on_unbounded="warn" if args.on_unbounded == "warn" else "raise",
                        repair_sites=args.on_unbounded == "repair", likelihood=args.likelihood,
                        name=out.name.removesuffix(SUFFIX))
     config = TrainConfig(lr=args.lr, steps=args.steps, seed=args.seed,
@@ -71,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UnboundedBoundWarning)
-            meta, module, result = recycle(modules, args.inducing, args.collapsed, raw, config,
-                                           spec)
+            fit = recycle(modules, spec, config, raw)
     except UnboundedBoundError as error:  # advise the flag, not the Python API
         advice = ("; rerun with --on-unbounded repair to clip the modules' site precisions"
                   if args.on_unbounded != "repair" else
@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         raise UnboundedBoundError(describe_unbounded(error.smallest, error.modules) + advice,
                                   error.smallest, error.modules) from error
     _report_warnings(caught)
-    module = replace(module, info={**module.info, **columns})
+    meta, result = fit.model, fit.result
+    module = replace(fit.module, info={**fit.module.info, **columns})
     save_module(module, out)
     repairs = module.info["recycle"]["site_repairs"]
     clipped = {name: count for name, count in repairs.items() if count}

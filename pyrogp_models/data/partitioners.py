@@ -222,8 +222,9 @@ def pad_partitions(
     """Stack the partitions into padded tensors for a batched model.
 
     Returns ``Xp`` [K, Nmax, D], ``yp`` [K, Nmax, ...], ``mask`` [K, Nmax] (True on real points)
-    and ``counts`` [K]. Each row holds its partition's points first, in their original order,
-    then zeros. Tensors stay on their device and keep their dtype; arrays become tensors.
+    and ``index`` [K, Nmax]: the row of the data in each slot (0 on padding). Each row holds its
+    partition's points first, in their original order, then zeros. Tensors stay on their device
+    and keep their dtype; arrays become tensors.
     """
     X = X if isinstance(X, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(X))
     y = torch.as_tensor(y, device=X.device)
@@ -240,24 +241,11 @@ def pad_partitions(
     Xp[rows, positions] = X[order]
     yp = y.new_zeros((num_partitions, max_size, *y.shape[1:]))
     yp[rows, positions] = y[order]
+    index = torch.zeros((num_partitions, max_size), dtype=torch.long, device=X.device)
+    index[rows, positions] = order
     counts = torch.as_tensor(sizes, dtype=torch.long, device=X.device)
     mask = torch.arange(max_size, device=X.device) < counts.unsqueeze(-1)
-    return Xp, yp, mask, counts
-
-
-def unpad(values: torch.Tensor, mask: torch.Tensor, partition: Partition) -> torch.Tensor:
-    """Inverse of ``pad_partitions``: ``values`` [K, Nmax, ...] back to [N, ...] in row order."""
-    values = torch.as_tensor(values)
-    mask = mask.to(device=values.device, dtype=torch.bool)
-    if mask.shape != values.shape[:2] or not torch.equal(
-        mask.sum(dim=1).cpu(), torch.from_numpy(partition.sizes)
-    ):
-        raise DataError("the mask does not match the partition's sizes")
-    order, _, _ = _sorted_layout(partition, values.device)
-    real = values[mask]
-    restored = torch.empty_like(real)
-    restored[order] = real
-    return restored
+    return Xp, yp, mask, index
 
 
 def _sorted_layout(

@@ -2,10 +2,20 @@
 
 Every factorisation in the library goes through :func:`cholesky`, which adds a jitter relative to
 the mean diagonal and climbs a ladder of larger jitters only for the batch members that fail.
-Solves are triangular; no explicit inverses.
+Solves are triangular; the one inverse factor the library needs, chol(A⁻¹), comes from the
+Cholesky factor of A with reversed rows and columns (:func:`inverse_cholesky`).
+
+Host synchronisation: climbing the ladder needs to know, on the host, whether a factorisation
+failed. Inside :func:`deferred_checks` (the trainer's loop) nothing is read back: a failed factor
+is NaN, the loss turns NaN and the caller finds it when it next reads the loss (the trainer: once
+per convergence window).
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
 
 import torch
 
@@ -13,6 +23,26 @@ from pyrogp_models.errors import CholeskyError
 
 #: Relative jitter ladder: jitter = factor × mean(diag(A)). The first rung is always applied.
 JITTER_LADDER = (1e-6, 1e-5, 1e-4, 1e-3)
+#: Default relative jitter on the inducing covariance K_zz of every sparse GP.
+DEFAULT_JITTER = JITTER_LADDER[0]
+
+_DEFERRED = contextvars.ContextVar("pyrogp_deferred_checks", default=False)
+
+
+@contextlib.contextmanager
+def deferred_checks() -> Iterator[None]:
+    """Within this context factorisations never synchronise with the device: a failed Cholesky
+    factor is NaN instead of a :class:`CholeskyError` (and the jitter ladder is not climbed)."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
+def checks_deferred() -> bool:
+    """Whether the caller runs inside :func:`deferred_checks`."""
+    return _DEFERRED.get()
 
 
 def add_jitter(matrix: torch.Tensor, relative_jitter: float) -> torch.Tensor:
@@ -23,17 +53,19 @@ def add_jitter(matrix: torch.Tensor, relative_jitter: float) -> torch.Tensor:
     return matrix + (relative_jitter * scale).unsqueeze(-1) * eye
 
 
-def cholesky(matrix: torch.Tensor, relative_jitter: float = JITTER_LADDER[0],
-             what: str = "covariance matrix", check: bool = True) -> torch.Tensor:
+def cholesky(matrix: torch.Tensor, relative_jitter: float = DEFAULT_JITTER,
+             what: str = "covariance matrix", check: bool | None = None) -> torch.Tensor:
     """Lower Cholesky factor of A + jitter, retrying failed batch members with larger jitter.
 
     Raises :class:`CholeskyError` naming ``what`` if some member is still not positive definite
-    after the last rung of :data:`JITTER_LADDER`. ``check=False`` skips the (host-synchronising)
-    failure test, for hot loops on accelerators: a failed factor then shows up as NaN downstream.
+    after the last rung of :data:`JITTER_LADDER`. ``check=False`` (the default inside
+    :func:`deferred_checks`) skips the host-synchronising failure test: failed members are NaN.
     """
     factor, info = torch.linalg.cholesky_ex(add_jitter(matrix, relative_jitter))
+    if check is None:
+        check = not checks_deferred()
     if not check:
-        return factor
+        return torch.where((info > 0)[..., None, None], torch.nan, factor)
     batch_shape = matrix.shape[:-2]
     size = matrix.shape[-1]
     flat_matrix = matrix.reshape(-1, size, size)
@@ -53,6 +85,19 @@ def cholesky(matrix: torch.Tensor, relative_jitter: float = JITTER_LADDER[0],
         flat_factor = flat_factor.index_put((failed,), retry)
         flat_info = flat_info.index_put((failed,), retry_info)
     return flat_factor.reshape(*batch_shape, size, size)
+
+
+def inverse_cholesky(matrix: torch.Tensor, what: str = "precision matrix",
+                     check: bool | None = None) -> torch.Tensor:
+    """The lower Cholesky factor of A⁻¹ for a positive definite A, without forming A⁻¹.
+
+    With J the reversal permutation and R = chol(JAJ): A⁻¹ = (J R⁻ᵀ J)(J R⁻ᵀ J)ᵀ, and J R⁻ᵀ J is
+    lower triangular. No jitter is added (A is typically a precision I + …). Batched; ``check`` as
+    for :func:`cholesky` (failed members are NaN when unchecked).
+    """
+    reversed_chol = cholesky(matrix.flip(-2, -1), 0.0, what=what, check=check)
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+    return triangular_solve(reversed_chol, eye, transpose=True).flip(-2, -1)
 
 
 def triangular_solve(lower: torch.Tensor, rhs: torch.Tensor, transpose: bool = False

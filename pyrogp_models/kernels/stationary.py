@@ -86,12 +86,14 @@ class Stationary(PyroModule):
         batch_shape: leading shape of the hyperparameters (e.g. ``(K,)`` for K partitions).
         ard: one lengthscale per input dimension instead of one shared lengthscale.
         lengthscale, variance: initial values (scalars or broadcastable tensors).
+        learn_variance: σ² is a parameter (``False``: a fixed buffer, e.g. unit-variance latent
+            functions whose amplitude lives elsewhere).
     """
 
     def __init__(self, family: str, input_dim: int, batch_shape: tuple[int, ...] = (),
                  ard: bool = False, lengthscale: float | torch.Tensor = 1.0,
                  variance: float | torch.Tensor = 1.0, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, learn_variance: bool = True):
         super().__init__()
         if family not in PROFILES:
             raise ValueError(f"unknown kernel family '{family}'; choose from {sorted(PROFILES)}")
@@ -104,9 +106,11 @@ class Stationary(PyroModule):
         self.lengthscale = PyroParam(
             torch.as_tensor(lengthscale, dtype=dtype, device=device)
             .expand(lengthscale_shape).clone(), constraint=constraints.positive)
-        self.variance = PyroParam(
-            torch.as_tensor(variance, dtype=dtype, device=device).expand(batch_shape).clone(),
-            constraint=constraints.positive)
+        variance = torch.as_tensor(variance, dtype=dtype, device=device).expand(batch_shape)
+        if learn_variance:
+            self.variance = PyroParam(variance.clone(), constraint=constraints.positive)
+        else:
+            self.register_buffer("variance", variance.clone())
 
     def forward(self, X: torch.Tensor, Z: torch.Tensor | None = None) -> torch.Tensor:
         """Covariance k(X, Z) of shape [*batch, N, M] (k(X, X) when Z is None)."""

@@ -1,6 +1,6 @@
 """Likelihoods with exact (or quadrature) variational expectations and predictive densities."""
 
-from pyrogp_models.likelihoods.base import Likelihood
+from pyrogp_models.likelihoods.base import Likelihood, latent_layout
 from pyrogp_models.likelihoods.bernoulli import Bernoulli
 from pyrogp_models.likelihoods.categorical import Categorical
 from pyrogp_models.likelihoods.gaussian import Gaussian
@@ -22,4 +22,4 @@ def make_likelihood(name: str, batch_shape=(), dtype=None, device=None, **kwargs
 
 
 __all__ = ["LIKELIHOODS", "Bernoulli", "Categorical", "Gaussian", "HeteroscedasticGaussian",
-           "Likelihood", "Poisson", "make_likelihood"]
+           "Likelihood", "Poisson", "latent_layout", "make_likelihood"]

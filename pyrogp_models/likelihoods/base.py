@@ -89,3 +89,9 @@ def check_binary(y: torch.Tensor) -> None:
     if bool(bad.any()):
         values = sorted({float(v) for v in y[bad].flatten()[:5].tolist()})
         raise DataError(f"labels must be 0 or 1 for a Bernoulli likelihood; found {values}")
+
+
+def latent_layout(values: torch.Tensor) -> torch.Tensor:
+    """Latent moments [..., L, N] in the likelihoods' layout: [..., N] for one latent function,
+    [..., N, L] for several."""
+    return values.squeeze(-2) if values.shape[-2] == 1 else values.transpose(-1, -2)

@@ -12,27 +12,32 @@ expert combinations combine their predictions. It holds
 
 Inputs given to :meth:`Module.predict_f` and friends are in data units; the module standardises
 them. Latent predictions are in model units (standardised outputs for Gaussian likelihoods);
-:meth:`Module.predict_y` and :meth:`Module.log_predictive` are in data units.
+:meth:`Module.predict_y`, :meth:`Module.log_predictive` and :meth:`Module.to_inference_data` are
+in data units (:mod:`pyrogp_models.modules.predictor`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import pyro
+import pyro.distributions as dist
 import torch
 
 from pyrogp_models.data import Standardisation
 from pyrogp_models.gaussian import conditionals
-from pyrogp_models.gaussian.linalg import cholesky
+from pyrogp_models.gaussian.linalg import cholesky, triangular_solve
 from pyrogp_models.kernels import stationary_covariance, stationary_diagonal
-from pyrogp_models.likelihoods import Likelihood, make_likelihood
+from pyrogp_models.likelihoods import Likelihood, latent_layout, make_likelihood
+from pyrogp_models.modules.predictor import Predictor
 
 FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True, eq=False)
-class Module:
-    """A frozen record of one fitted sparse variational GP (see the module docstring)."""
+class Module(Predictor):
+    """A frozen record of one fitted sparse variational GP (see the module docstring); a
+    :class:`~pyrogp_models.modules.predictor.Predictor` in data units."""
 
     kernel_family: str
     lengthscale: torch.Tensor
@@ -118,52 +123,45 @@ class Module:
                                      **self.likelihood_options, **self.likelihood_params)
         return likelihood.requires_grad_(False)
 
-    def _inputs(self, X) -> torch.Tensor:
-        X = torch.as_tensor(X, dtype=self.dtype, device=self.inducing.device)
-        return self.standardisation.transform_x(X)
+    @property
+    def device(self) -> torch.device:
+        return self.inducing.device
 
-    def predict_f(self, X, full_cov: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Latent q(f) at inputs X [N, D] in data units: mean and variance [N] ([N, L] for
-        several latent functions), or with ``full_cov`` the covariance [L, N, N]."""
-        X = self._inputs(X)
+    def latent(self, X: torch.Tensor, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Marginals of q(f) = ∫ p(f | u) q(u) du at inputs X [N, D] (data units): mean and
+        variance [N] ([N, L] for several latent functions), model units."""
+        X = self.standardisation.transform_x(X)
         prior_chol = self.prior_cholesky()
         mean_w, chol_w = conditionals.whiten(prior_chol, self.q_mean, self.q_chol)
         A = conditionals.projection(prior_chol, self.kernel(self.inducing, X))
-        if full_cov:
-            mean, cov = conditionals.whitened_conditional_full(A, self.kernel(X, X), mean_w,
-                                                               chol_w)
-            return _layout(mean), cov
         mean, var = conditionals.whitened_conditional(
             A, stationary_diagonal(X, self.variance), mean_w, chol_w)
-        return _layout(mean), _layout(var)
+        return latent_layout(mean), latent_layout(var)
 
-    def predict_y(self, X) -> tuple[torch.Tensor, torch.Tensor]:
-        """Predictive mean and variance of y in data units (class probabilities and p(1−p) for
-        classifiers)."""
-        likelihood = self.likelihood()
-        mean, var = likelihood.predictive_moments(*self.predict_f(X))
-        if likelihood.standardise_targets:
-            return (self.standardisation.inverse_y_mean(mean),
-                    self.standardisation.inverse_y_var(var))
-        return mean, var
+    # Pyro: the module's generative story, for pyro.infer.Predictive --------------------------
+    def predictive_model(self, X: torch.Tensor, labels=None):
+        """u ~ N(0, K_zz) per latent function; f_i | u ~ N(k_iᵀK_zz⁻¹u, k_ii − k_iᵀK_zz⁻¹k_i)
+        independently at X [N, D] (data units); y_i | f_i: sites ``u`` [L, M], ``f`` [N(, L)]
+        and ``y`` [N] (model units). With :meth:`predictive_guide` (q(u)) Predictive draws the
+        posterior."""
+        X = self.standardisation.transform_x(X)
+        prior_chol = self.prior_cholesky()
+        u = pyro.sample("u", dist.MultivariateNormal(torch.zeros_like(self.q_mean),
+                                                     scale_tril=prior_chol).to_event(1))
+        A = conditionals.projection(prior_chol, self.kernel(self.inducing, X))  # [L, M, N]
+        whitened = triangular_solve(prior_chol, u.unsqueeze(-1))  # [..., L, M, 1]
+        mean = latent_layout((A.mT @ whitened).squeeze(-1))
+        var = latent_layout((stationary_diagonal(X, self.variance) - A.square().sum(-2))
+                            .clamp_min(0.0))
+        event = 1 if self.num_latent == 1 else 2
+        f = pyro.sample("f", dist.Normal(mean, var.sqrt().expand_as(mean)).to_event(event))
+        return pyro.sample("y", self.likelihood().distribution(f).to_event(1))
 
-    def log_predictive(self, X, y) -> torch.Tensor:
-        """log p(y_i | x_i) per point, in data units (includes −log of the output scale)."""
-        likelihood = self.likelihood()
-        y = torch.as_tensor(y, dtype=self.dtype, device=self.inducing.device)
-        likelihood.validate_targets(y)
-        mean, var = self.predict_f(X)
-        if likelihood.standardise_targets:
-            scale = self.standardisation.y_scale
-            return likelihood.log_predictive(self.standardisation.transform_y(y), mean,
-                                             var) - torch.log(torch.as_tensor(scale))
-        return likelihood.log_predictive(y, mean, var)
+    def predictive_guide(self, X: torch.Tensor, labels=None):
+        """q(u) = N(m, S) of the module (unwhitened)."""
+        pyro.sample("u", dist.MultivariateNormal(self.q_mean, scale_tril=self.q_chol)
+                    .to_event(1))
 
 
 def _like(values, reference: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(values, dtype=reference.dtype, device=reference.device)
-
-
-def _layout(values: torch.Tensor) -> torch.Tensor:
-    """[L, N] → [N] for one latent function, [N, L] for several."""
-    return values[0] if values.shape[0] == 1 else values.mT

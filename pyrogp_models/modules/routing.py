@@ -1,67 +1,29 @@
 """Predicting with a folder of local modules: each new point goes to the module of its partition.
 
-Every model in the library follows the **predictor protocol** (:class:`Predictor`): predictions
-from inputs ``X`` [N, D] in data units and, for modules partitioned by a label column, the labels
-of the new points. :class:`ModulePredictor` adapts one :class:`Module`; :class:`RoutedModules`
-routes points through the partition rule stored with a folder of modules.
+:class:`RoutedModules` routes points through the partition rule stored with a folder of modules
+(:mod:`pyrogp_models.data.partitioners`) and is, like a single :class:`Module`, a
+:class:`~pyrogp_models.modules.predictor.Predictor` in data units. :func:`load_predictor` opens
+any file or folder the library writes as a predictor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
 
 from pyrogp_models.data.partitioners import route
 from pyrogp_models.errors import DataError, IncompatibleModulesError, ModuleFileError
-from pyrogp_models.likelihoods import LIKELIHOODS
+from pyrogp_models.likelihoods import Likelihood
 from pyrogp_models.modules.files import load_modules_from, read_index
+from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 
 
-@runtime_checkable
-class Predictor(Protocol):
-    """What every predictive model offers; outputs are torch tensors, in data units."""
-
-    likelihood_name: str
-    is_classifier: bool
-    feature_names: list[str] | None
-    target_name: str | None
-
-    def predict_f(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Latent mean and variance, [N] (or [N, L] for several latent functions)."""
-
-    def predict_y(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean (class probabilities for classifiers) and variance of y."""
-
-    def log_predictive(self, X, y, labels=None) -> torch.Tensor:
-        """log p(y_i | x_i) per point, [N]."""
-
-
-class ModulePredictor:
-    """One module under the predictor protocol; ``labels`` are accepted and ignored."""
-
-    def __init__(self, module: Module):
-        self.module = module
-        self.likelihood_name = module.likelihood_name
-        self.is_classifier = LIKELIHOODS[module.likelihood_name].is_classifier
-        self.feature_names = module.info.get("features")
-        self.target_name = module.info.get("target")
-
-    def predict_f(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.module.predict_f(X)
-
-    def predict_y(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.module.predict_y(X)
-
-    def log_predictive(self, X, y, labels=None) -> torch.Tensor:
-        return self.module.log_predictive(X, y)
-
-
-class RoutedModules:
+class RoutedModules(Predictor):
     """Local modules behind their partition rule: each point is predicted by its own module.
 
     Module k (in dictionary order, which is the index order of a module folder) serves
@@ -84,9 +46,8 @@ class RoutedModules:
         self.rule = rule
         first = self.modules[0]
         self.likelihood_name = first.likelihood_name
-        self.is_classifier = LIKELIHOODS[first.likelihood_name].is_classifier
-        self.feature_names = first.info.get("features")
-        self.target_name = first.info.get("target")
+        self.standardisation = first.standardisation
+        self.info = {key: first.info[key] for key in ("features", "target") if key in first.info}
         for name, module in modules.items():
             if (module.likelihood_name, module.num_latent) != (first.likelihood_name,
                                                                first.num_latent):
@@ -99,32 +60,69 @@ class RoutedModules:
                 raise IncompatibleModulesError(
                     f"module '{name}' has {module.input_dim} inputs but '{self.names[0]}' has "
                     f"{first.input_dim}")
-            if module.info.get("features") != self.feature_names:
+            if module.info.get("features") != first.info.get("features"):
                 raise IncompatibleModulesError(
                     f"module '{name}' uses features {module.info.get('features')} but "
-                    f"'{self.names[0]}' uses {self.feature_names}")
+                    f"'{self.names[0]}' uses {first.info.get('features')}")
+
+    @property
+    def input_dim(self) -> int:
+        return self.modules[0].input_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.modules[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.modules[0].device
+
+    def likelihood(self) -> Likelihood:
+        """The first module's likelihood (all share its family)."""
+        return self.modules[0].likelihood()
 
     def route(self, X, labels=None) -> np.ndarray:
         """The index of the module of each point, int64 [N]."""
         return route(self.rule, X, labels)
 
-    def predict_f(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._gather(X, labels, lambda module, X_k, rows: module.predict_f(X_k))
-
-    def predict_y(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._gather(X, labels, lambda module, X_k, rows: module.predict_y(X_k))
+    def latent(self, X: torch.Tensor, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each point's latent moments from its own module (model units)."""
+        return self._gather(X, labels, lambda module, X_k, rows: module.latent(X_k))
 
     def log_predictive(self, X, y, labels=None) -> torch.Tensor:
+        """log p(y_i | x_i) from each point's own module and likelihood parameters."""
         y = torch.as_tensor(y)
         (log_density,) = self._gather(
-            X, labels, lambda module, X_k, rows: (module.log_predictive(X_k, y[rows]),))
+            self.inputs(X), labels,
+            lambda module, X_k, rows: (module.log_predictive(X_k, y[rows]),))
         return log_density
 
-    def _gather(self, X, labels, predict: Callable) -> tuple[torch.Tensor, ...]:
+    def y_moments(self, mean, var):
+        raise NotImplementedError("routed modules apply each module's own likelihood; "
+                                  "predict_y does that")
+
+    def predict_y(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each point's predictive mean and variance from its own module, in data units."""
+        return self._gather(self.inputs(X), labels,
+                            lambda module, X_k, rows: module.predict_y(X_k))
+
+    def pointwise_draws(self, X, y, num_samples: int = 500, labels=None, seed: int = 0):
+        """Each point's draws from its own module (:meth:`Predictor.pointwise_draws`); the
+        posterior holds ``f`` only (the inducing variables are per module)."""
+        X, y = self.inputs(X), torch.as_tensor(y)
+
+        def draws(module, X_k, rows):
+            posterior, y_draws, log_lik = module.pointwise_draws(X_k, y[rows], num_samples,
+                                                                 seed=seed)
+            return posterior["f"].movedim(0, -1), y_draws.mT, log_lik.mT
+
+        f, y_draws, log_lik = self._gather(X, labels, draws)
+        return {"f": f.movedim(-1, 0)}, y_draws.mT, log_lik.mT
+
+    def _gather(self, X: torch.Tensor, labels, predict: Callable) -> tuple[torch.Tensor, ...]:
         """Run ``predict(module, X[rows], rows)`` per destination module; reassemble the
         outputs in row order."""
-        X = torch.as_tensor(X)
-        destinations = torch.from_numpy(self.route(X, labels))
+        destinations = torch.from_numpy(self.route(X.cpu(), labels))
         outputs: list[torch.Tensor] = []
         for k in torch.unique(destinations).tolist():
             rows = torch.nonzero(destinations == k).squeeze(-1)
@@ -137,12 +135,12 @@ class RoutedModules:
 
 
 def as_predictor(modules: Module | dict[str, Module],
-                 rule: dict[str, Any] | None = None) -> ModulePredictor | RoutedModules:
+                 rule: dict[str, Any] | None = None) -> Module | RoutedModules:
     """A predictor for one module, or for several modules routed by their partition rule."""
     if isinstance(modules, Module):
-        return ModulePredictor(modules)
+        return modules
     if len(modules) == 1:
-        return ModulePredictor(next(iter(modules.values())))
+        return next(iter(modules.values()))
     if rule is None:
         raise DataError(f"{len(modules)} modules without a partition rule cannot route points; "
                         "combine them with --rule (products of experts) instead")
@@ -152,7 +150,7 @@ def as_predictor(modules: Module | dict[str, Module],
 def load_predictor(path: str | Path) -> Predictor:
     """The predictor of a module file, of a module folder routed by its stored rule, or of a
     distributed-kernel file (told apart by the format named in the file's header)."""
-    from pyrogp_models.models.distributed_kernel.files import (
+    from pyrogp_models.models.distributed_kernel.files import (  # the model imports modules
         is_distributed_kernel_file,
         load_distributed_kernel,
     )

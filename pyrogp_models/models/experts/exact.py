@@ -11,7 +11,9 @@ The experts form one batched Pyro model: the partitions are padded to a common s
 so one batched Cholesky of [J, m, m] evaluates every expert. :meth:`ExactExperts.model` adds the
 objective as a ``pyro.factor`` and the guide is empty (point estimates), so an ELBO optimiser
 fits the hyperparameters like those of any other model (``inference.experts_fit`` runs the
-library's trainer, L-BFGS by default).
+library's trainer, L-BFGS by default; ``pyro.infer.SVI`` works as well: the model runs in Pyro's
+module context and binds its data). :meth:`ExactExperts.predictive_model` draws every expert's
+f and y at new inputs from its exact posterior, for ``pyro.infer.Predictive``.
 
 An exact expert is exported as a :class:`~pyrogp_models.modules.record.Module` whose inducing
 inputs are its
@@ -29,15 +31,22 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyro
+import pyro.distributions as dist
 import torch
-from pyro.nn import PyroModule
+from pyro.nn import PyroModule, pyro_method
 
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import Partition, pad_partitions
-from pyrogp_models.gaussian.linalg import cholesky, cholesky_solve, triangular_solve
+from pyrogp_models.gaussian.linalg import (
+    DEFAULT_JITTER,
+    cholesky,
+    cholesky_solve,
+    inverse_cholesky,
+    triangular_solve,
+)
 from pyrogp_models.kernels import Stationary
+from pyrogp_models.layers import unique_name
 from pyrogp_models.likelihoods import Gaussian
-from pyrogp_models.models.local.svgp import DEFAULT_JITTER
 from pyrogp_models.modules.record import Module
 
 __all__ = ["ExactExperts", "grbcm_rows"]
@@ -57,17 +66,18 @@ class ExactExperts(PyroModule):
         kernel, ard: kernel family and one lengthscale per input dimension (else isotropic).
         lengthscale, variance, noise: initial hyperparameters (the authors' code starts at 1, 1
             and 1; the noise default here is the library's 0.1).
+        name: the Pyro name (default: a fresh ``"experts"``).
     """
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, partition: Partition,
                  kernel: str = "rbf", ard: bool = False, lengthscale: float = 1.0,
-                 variance: float = 1.0, noise: float = 0.1):
-        super().__init__("experts")
-        Xp, yp, mask, counts = pad_partitions(X, y, partition)
-        self.register_buffer("data_X", Xp)
-        self.register_buffer("data_y", yp)
-        self.register_buffer("data_mask", mask)
-        self.register_buffer("counts", counts)
+                 variance: float = 1.0, noise: float = 0.1, name: str | None = None):
+        super().__init__(name or unique_name("experts"))
+        Xp, yp, mask, _ = pad_partitions(X, y, partition)
+        self.register_buffer("data_X", Xp, persistent=False)
+        self.register_buffer("data_y", yp, persistent=False)
+        self.register_buffer("data_mask", mask, persistent=False)
+        self.register_buffer("counts", mask.sum(-1), persistent=False)
         self.kernel = Stationary(kernel, X.shape[-1], (), ard, lengthscale, variance, X.dtype,
                                  X.device)
         self.likelihood = Gaussian((), X.dtype, X.device, variance=noise)
@@ -96,12 +106,27 @@ class ExactExperts(PyroModule):
         log_density = _GaussianLogDensity.apply(self.noisy_covariance(), self.data_y)
         return log_density - 0.5 * _LOG_2PI * self.counts.to(log_density.dtype)
 
+    @pyro_method
     def model(self):
         """Eq. (2) as a factor: Σ_j log N(y_j | 0, K_j + σ²I)."""
-        pyro.factor("experts.log_marginal", self.log_marginal().sum())
+        pyro.factor(self._pyro_get_fullname("log_marginal"), self.log_marginal().sum())
 
-    def guide(self):
+    @pyro_method
+    def guide(self, *args, **kwargs):
         """Empty: the hyperparameters are point estimates."""
+
+    @pyro_method
+    def predictive_model(self, X: torch.Tensor):
+        """Every expert's f_j at X [N, D] (model units) from its exact posterior (marginals,
+        :meth:`predict_f`) and y_j | f_j with the shared noise: sites ``f``, ``y`` [J, N]."""
+        mean, var = self.predict_f(X)
+        f = pyro.sample(self._pyro_get_fullname("f"), dist.Normal(mean, var.sqrt()).to_event(2))
+        return f, pyro.sample(self._pyro_get_fullname("y"),
+                              self.likelihood.distribution(f).to_event(2))
+
+    @pyro_method
+    def predictive_guide(self, *args, **kwargs):
+        """Empty: :meth:`predictive_model` draws from the exact posterior itself."""
 
     @torch.no_grad()
     def predict_f(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,7 +171,8 @@ class ExactExperts(PyroModule):
         q_mean = (prior_chol @ (prior_chol.mT @ alpha)).squeeze(-1)
         eye = torch.eye(prior_chol.shape[-1], dtype=noise.dtype, device=noise.device)
         precision = eye + prior_chol.mT @ prior_chol / (noise - epsilon)
-        q_chol = (prior_chol @ _inverse_cholesky(precision)).tril()
+        q_chol = (prior_chol @ inverse_cholesky(
+            precision, what="I + L̃ᵀL̃/σ² of an exact expert")).tril()
         elbos = self.log_marginal()
         count = self.num_experts
         width = max(3, len(str(count - 1)))
@@ -188,13 +214,6 @@ class _GaussianLogDensity(torch.autograd.Function):
         grad_cov = 0.5 * grad * (alpha @ alpha.mT - torch.cholesky_inverse(chol))
         grad_y = -(grad * alpha).squeeze(-1) if ctx.needs_input_grad[1] else None
         return grad_cov, grad_y
-
-
-def _inverse_cholesky(matrix: torch.Tensor) -> torch.Tensor:
-    """Lower Cholesky factor of A⁻¹ from R = chol(P A P), P the reversal: chol(A⁻¹) = P R⁻ᵀ P."""
-    reversed_chol = cholesky(matrix.flip(-2, -1), 0.0, what="I + L̃ᵀL̃/σ² of an exact expert")
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-    return triangular_solve(reversed_chol, eye).mT.flip(-2, -1)
 
 
 def grbcm_rows(partition: Partition, size: int, seed: int) -> tuple[np.ndarray, Partition]:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 import torch
 
+from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 
 from .module_experts import ModuleExperts
@@ -41,7 +42,7 @@ _PREDICT_ENTRIES = 1 << 22
 _COMBINE_ENTRIES = 1 << 16
 
 
-class ExpertCombination:
+class ExpertCombination(Predictor):
     """Modules combined by a product-of-experts rule (f-space by default), in data units.
 
     Args:
@@ -84,9 +85,8 @@ class ExpertCombination:
         self._likelihood = self.experts.likelihood()
         first = self.experts.modules[0]
         self.likelihood_name = first.likelihood_name
-        self.is_classifier = self._likelihood.is_classifier
-        self.feature_names = first.info.get("features")
-        self.target_name = first.info.get("target")
+        self.standardisation = self.experts.standardisation
+        self.info = {key: first.info[key] for key in ("features", "target") if key in first.info}
         self.communication = None
         if rule == "grbcm":
             if self.experts.num_experts < 2:
@@ -133,44 +133,27 @@ class ExpertCombination:
         y_mean, y_var = combine_in_y_space(self.rule, mean, var, noise_var=noise, **kwargs)
         return y_mean, y_var - noise
 
+    @property
+    def input_dim(self) -> int:
+        return self.experts.input_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.experts.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.experts.modules[0].device
+
     def expert_moments(self, X) -> tuple[torch.Tensor, torch.Tensor]:
         """Every expert's latent mean and variance at X (data units): [J, N(, L)], model units."""
         return self.experts.predict_f(X)
 
-    def predict_f(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Combined latent mean and variance [N] (or [N, L]) in model units; ``labels`` are
-        ignored (every expert sees every point)."""
+    def latent(self, X: torch.Tensor, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Combined latent mean and variance [N] (or [N, L]) in model units at X (data units);
+        ``labels`` are ignored (every expert sees every point)."""
         chunk = max(1, _PREDICT_ENTRIES // self.experts.num_experts)
         parts = [self.combine_moments(*self.expert_moments(X_chunk),
                                       self.experts.prior_var(X_chunk))
-                 for X_chunk in torch.as_tensor(X).split(chunk)]
+                 for X_chunk in X.split(chunk)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
-    def predict_y(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Predictive mean and variance of y in data units (class probabilities and p(1 − p)
-        for classifiers)."""
-        return self.y_moments(*self.predict_f(X))
-
-    def log_predictive(self, X, y, labels=None) -> torch.Tensor:
-        """log p(y_i | x_i) per point [N], in data units (includes −log of the output scale)."""
-        return self.y_log_density(y, *self.predict_f(X))
-
-    def y_moments(self, mean: torch.Tensor, var: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The likelihood applied to a combined latent (model units): y's mean and variance in
-        data units."""
-        y_mean, y_var = self._likelihood.predictive_moments(mean, var)
-        if self._likelihood.standardise_targets:
-            s = self.experts.standardisation
-            return s.inverse_y_mean(y_mean), s.inverse_y_var(y_var)
-        return y_mean, y_var
-
-    def y_log_density(self, y, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-        """log p(y_i) [N] in data units under a combined latent (model units)."""
-        y = torch.as_tensor(y, dtype=mean.dtype, device=mean.device)
-        self._likelihood.validate_targets(y)
-        if not self._likelihood.standardise_targets:
-            return self._likelihood.log_predictive(y, mean, var)
-        s = self.experts.standardisation
-        return (self._likelihood.log_predictive(s.transform_y(y), mean, var)
-                - torch.log(torch.as_tensor(s.y_scale, dtype=y.dtype, device=y.device)))

@@ -10,30 +10,29 @@ uncollapsed ELBO gives exactly F. Padded points are removed by zeroing their col
 targets and their prior variances, and by counting only real points in N.
 
 Only M×M statistics of the data enter: AAᵀ = L⁻¹Ψ₂L⁻ᵀ/σ² and Ay = L⁻¹Ψ₁/σ with Ψ₂ = K_zxWK_xz,
-Ψ₁ = K_zxWy. In the inverse form (:mod:`pyrogp_models.gaussian.conditionals`, float64 with jitter ≥
-10⁻⁶)
-the bound is computed from them without any solve against N right-hand sides.
+Ψ₁ = K_zxWy. In the inverse form (:mod:`pyrogp_models.gaussian.conditionals`, float64 with
+jitter ≥ 10⁻⁶) the bound is computed from them without any solve against N right-hand sides.
+The functions take a :class:`~pyrogp_models.models.local.svgp.BatchedSVGP` with one latent
+function per partition.
 """
 
 from __future__ import annotations
 
 import math
 
-import pyro
 import torch
 
 from pyrogp_models.gaussian import conditionals
-from pyrogp_models.gaussian.linalg import cholesky, triangular_solve
-from pyrogp_models.models.local.svgp import BatchedSVGP
+from pyrogp_models.gaussian.linalg import cholesky, inverse_cholesky, triangular_solve
 
 
-def _terms(model: BatchedSVGP, X, y, mask, check: bool = True, inverse_form: bool = False):
+def _terms(model, X, y, mask, inverse_form: bool = False):
     """(σ², L_B, c, ‖A‖²_F, Σwy², w) of the bound; [K]-batched."""
     if model.likelihood.name != "gaussian":
         raise ValueError("the collapsed bound needs a Gaussian likelihood")
     weights = mask.to(X.dtype)
     noise = model.likelihood.variance  # [K]
-    prior_chol = model.prior_cholesky(check=check).squeeze(-3)  # [K, M, M]
+    prior_chol = model.prior_cholesky().squeeze(-3)  # [K, M, M]
     if inverse_form:
         gram, projected_y = model.weighted_gram(X, y, weights)
         gram, projected_y = gram.squeeze(-3), projected_y.squeeze(-2)  # one latent function
@@ -47,16 +46,15 @@ def _terms(model: BatchedSVGP, X, y, mask, check: bool = True, inverse_form: boo
                                                           ).unsqueeze(-2)
         AAt, Ay = A @ A.mT, (A @ (y * weights).unsqueeze(-1)).squeeze(-1)
     eye = torch.eye(AAt.shape[-1], dtype=AAt.dtype, device=AAt.device)
-    B_chol = cholesky(eye + AAt, 0.0, what="collapsed-bound matrix I + AAᵀ", check=check)
+    B_chol = cholesky(eye + AAt, 0.0, what="collapsed-bound matrix I + AAᵀ")
     c = triangular_solve(B_chol, Ay.unsqueeze(-1)).squeeze(-1) / noise.sqrt().unsqueeze(-1)
     trace = AAt.diagonal(dim1=-2, dim2=-1).sum(-1)
     return noise, B_chol, c, trace, (weights * y.square()).sum(-1), weights
 
 
-def collapsed_bound(model: BatchedSVGP, X, y, mask, inverse_form: bool | None = None
-                    ) -> torch.Tensor:
+def collapsed_bound(model, X, y, mask, inverse_form: bool | None = None) -> torch.Tensor:
     """Titsias' bound F for each partition; [K]. ``inverse_form`` as in
-    :meth:`BatchedSVGP.inverse_form` (default: where accurate)."""
+    :meth:`~pyrogp_models.models.local.svgp.BatchedSVGP.inverse_form` (default: where accurate)."""
     noise, B_chol, c, trace, weighted_y2, weights = _terms(
         model, X, y, mask, inverse_form=model.inverse_form(inverse_form))
     count = weights.sum(-1)
@@ -68,40 +66,15 @@ def collapsed_bound(model: BatchedSVGP, X, y, mask, inverse_form: bool | None = 
 
 
 @torch.no_grad()
-def optimal_whitened_posterior(model: BatchedSVGP, X, y, mask
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+def optimal_whitened_posterior(model, X, y, mask) -> tuple[torch.Tensor, torch.Tensor]:
     """The optimal q(v) = N(L_B⁻ᵀc, B⁻¹): mean [K, 1, M] and lower Cholesky factor [K, 1, M, M]."""
     _, B_chol, c, _, _, _ = _terms(model, X, y, mask)
     mean = triangular_solve(B_chol, c.unsqueeze(-1), transpose=True).squeeze(-1)
-    covariance = torch.cholesky_inverse(B_chol)
-    chol = cholesky(covariance, 0.0, what="optimal q(u) covariance")
+    chol = inverse_cholesky(B_chol @ B_chol.mT, what="collapsed-bound matrix I + AAᵀ")
     return mean.unsqueeze(-2), chol.unsqueeze(-3)
 
 
 @torch.no_grad()
-def set_optimal_posterior(model: BatchedSVGP, X, y, mask) -> None:
+def set_optimal_posterior(model, X, y, mask) -> None:
     """Overwrite q(v) with its optimum for the current hyperparameters."""
-    mean, chol = optimal_whitened_posterior(model, X, y, mask)
-    model.q_mean = mean
-    model.q_sqrt = chol
-
-
-class CollapsedSVGP(pyro.nn.PyroModule):
-    """Pyro model whose only term is the collapsed bound: hyperparameters, Z and σ² are learned;
-    q(u) is implicit (optimal) and written into the wrapped :class:`BatchedSVGP` by
-    :func:`set_optimal_posterior` after training."""
-
-    def __init__(self, svgp: BatchedSVGP):
-        super().__init__(f"{svgp.site_prefix}_collapsed")
-        self.svgp = svgp
-
-    def model(self, X, y, mask, batch_size: int | None = None):
-        if batch_size is not None:
-            raise ValueError("the collapsed bound uses all data; minibatches need the "
-                             "uncollapsed ELBO")
-        with pyro.plate(f"{self.svgp.site_prefix}.partitions", self.svgp.num_partitions):
-            pyro.factor(f"{self.svgp.site_prefix}.collapsed", collapsed_bound(self.svgp, X, y,
-                                                                                mask))
-
-    def guide(self, X, y, mask, batch_size: int | None = None):
-        """No latent sites: q(u) is collapsed."""
+    model.layer.set_whitened_posterior(*optimal_whitened_posterior(model, X, y, mask))

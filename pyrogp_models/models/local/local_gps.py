@@ -3,6 +3,13 @@
 Partitions that share a number of inducing inputs M form a group, fitted as one
 :class:`BatchedSVGP` (padded and masked); groups with different M live side by side in one model
 and one trace, so a single optimiser step updates every partition. Nothing loops over partitions.
+
+The data are bound to the model, so ``model()``, ``guide()`` and ``predictive_model()`` need no
+arguments: ``pyro.infer.SVI(gps.model, gps.guide, ...)`` continues a fit and
+``pyro.infer.Predictive(gps.predictive_model, guide=gps.predictive_guide, ...)`` draws f and y at
+the data (or at new points routed to their partitions). An ``offset`` [N] in data order is added
+to every point's latent mean, so the local GPs can sit inside a user's own Pyro model (e.g. as
+the residual of a hierarchical regression).
 """
 
 from __future__ import annotations
@@ -10,17 +17,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pyro
 import torch
-from pyro.nn import PyroModule, PyroModuleList
+from pyro.nn import PyroModule, PyroModuleList, pyro_method
 
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.inducing import init_inducing
-from pyrogp_models.data.partitioners import Partition, pad_partitions
+from pyrogp_models.data.partitioners import Partition, pad_partitions, route
 from pyrogp_models.errors import DataError
+from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.kernels import Stationary
+from pyrogp_models.layers import unique_name
 from pyrogp_models.likelihoods import make_likelihood
-from pyrogp_models.models.local.collapsed import CollapsedSVGP, set_optimal_posterior
-from pyrogp_models.models.local.svgp import DEFAULT_JITTER, BatchedSVGP
+from pyrogp_models.models.local.svgp import BatchedSVGP
 from pyrogp_models.modules.record import Module
 
 #: Floor on input spreads and initial lengthscales (standardised units).
@@ -39,25 +48,29 @@ class LocalGPs(PyroModule):
         inducing_init: ``"kmeans"`` or ``"grid"``.
         learn_inducing: optimise Z.
         collapsed: train Gaussian partitions on the collapsed (Titsias) bound.
+        batch_size: points per partition per evaluation (minibatches; uncollapsed only).
         jitter: relative jitter on K_zz.
         noise: initial Gaussian noise variance (standardised units).
         generator: random source for the k-means initialisation.
         inducing: initial Z per partition ([M_k, D] each, model units) instead of
             ``inducing_init`` (e.g. drawn once by :func:`initial_inducing` for a fit split over
             workers).
+        name: the Pyro name (default: a fresh ``"local"``).
     """
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, partition: Partition,
                  num_inducing: int | Sequence[int], likelihood: str = "gaussian",
                  likelihood_options: dict | None = None, kernel: str = "rbf", ard: bool = False,
                  inducing_init: str = "kmeans", learn_inducing: bool = True,
-                 collapsed: bool = False, jitter: float = DEFAULT_JITTER, noise: float = 0.1,
+                 collapsed: bool = False, batch_size: int | None = None,
+                 jitter: float = DEFAULT_JITTER, noise: float = 0.1,
                  generator: torch.Generator | None = None,
-                 inducing: Sequence[torch.Tensor] | None = None):
-        super().__init__("local")
+                 inducing: Sequence[torch.Tensor] | None = None, name: str | None = None):
+        super().__init__(name or unique_name("local"))
         self.likelihood_name = likelihood
         self.likelihood_options = dict(likelihood_options or {})
         self.collapsed = collapsed
+        self.partition = partition
         sizes = partition.sizes
         per_partition = np.broadcast_to(np.asarray(num_inducing), sizes.shape)
         if bool((per_partition > sizes).any()):
@@ -65,21 +78,25 @@ class LocalGPs(PyroModule):
             raise DataError(f"partition {k} has {sizes[k]} points, fewer than its "
                             f"{per_partition[k]} inducing inputs")
         make_likelihood(likelihood, (), **self.likelihood_options).validate_targets(y)
-        Xp, yp, mask, _ = pad_partitions(X, y, partition)
+        Xp, yp, mask, index = pad_partitions(X, y, partition)
         if inducing is None:
             inducing = _initial_inducing_padded(Xp, mask, per_partition, inducing_init, generator)
+        self.num_points = len(y)
         self.groups = PyroModuleList([])
         self.group_members: list[torch.Tensor] = []
-        for index, M in enumerate(np.unique(per_partition)):
+        self._group_index: list[torch.Tensor] = []
+        for M in np.unique(per_partition):
             members = torch.as_tensor(np.flatnonzero(per_partition == M), device=X.device)
             rows = int(mask[members].sum(-1).max())
             Z = torch.stack([inducing[k] for k in members.tolist()]).to(X)
             self.groups.append(self._build_group(
                 Xp[members, :rows], yp[members, :rows], mask[members, :rows], Z, kernel, ard,
-                learn_inducing, jitter, noise, name=f"group{index}"))
+                learn_inducing, batch_size, jitter, noise))
             self.group_members.append(members)
+            self._group_index.append(index[members, :rows])
 
-    def _build_group(self, X, y, mask, Z, kernel, ard, learn_inducing, jitter, noise, name):
+    def _build_group(self, X, y, mask, Z, kernel, ard, learn_inducing, batch_size, jitter,
+                     noise) -> BatchedSVGP:
         count = len(X)
         likelihood = make_likelihood(self.likelihood_name, (count,), X.dtype, X.device,
                                      **self.likelihood_options,
@@ -89,47 +106,84 @@ class LocalGPs(PyroModule):
         lengthscale = _initial_lengthscale(spread, ard, Z.shape[-2])
         kernel_module = Stationary(kernel, X.shape[-1], (count, likelihood.num_latent), ard,
                                    lengthscale.unsqueeze(1), 1.0, X.dtype, X.device)
-        svgp = BatchedSVGP(Z, kernel_module, likelihood, learn_inducing, jitter, name=name,
-                           inducing_scale=spread.clamp_min(_MIN_SPREAD))
-        svgp.register_buffer("data_X", X)
-        svgp.register_buffer("data_y", y)
-        svgp.register_buffer("data_mask", mask)
-        if self.collapsed:
-            if self.likelihood_name != "gaussian":
-                raise ValueError("the collapsed bound is only available for a Gaussian "
-                                 "likelihood")
-            return CollapsedSVGP(svgp)
-        return svgp
+        return BatchedSVGP(Z, kernel_module, likelihood, X, y, mask,
+                           learn_inducing=learn_inducing,
+                           inducing_scale=spread.clamp_min(_MIN_SPREAD),
+                           collapsed=self.collapsed, batch_size=batch_size, jitter=jitter,
+                           name="group")
 
     @property
     def svgps(self) -> list[BatchedSVGP]:
-        return [g.svgp if isinstance(g, CollapsedSVGP) else g for g in self.groups]
+        return list(self.groups)
 
     @property
     def num_partitions(self) -> int:
         return sum(len(m) for m in self.group_members)
 
-    def model(self, batch_size: int | None = None):
-        for group, svgp in zip(self.groups, self.svgps, strict=True):
-            group.model(svgp.data_X, svgp.data_y, svgp.data_mask, batch_size)
+    # Pyro model / guide -----------------------------------------------------------------------
+    @pyro_method
+    def model(self, offset: torch.Tensor | None = None):
+        """Every group's model; ``offset`` [N] (data order) is added to the latent means."""
+        for group, index in zip(self.groups, self._group_index, strict=True):
+            group.model(None if offset is None else offset[index])
 
-    def guide(self, batch_size: int | None = None):
-        for group, svgp in zip(self.groups, self.svgps, strict=True):
-            group.guide(svgp.data_X, svgp.data_y, svgp.data_mask, batch_size)
+    @pyro_method
+    def guide(self, *args, **kwargs):
+        """Every group's q(v) (nothing for collapsed groups); arguments are ignored."""
+        for group in self.groups:
+            group.guide()
 
+    @pyro_method
+    def predictive_model(self, X: torch.Tensor | None = None,
+                         assignments: np.ndarray | None = None):
+        """f and y at the data (default) or at new inputs X [N, D] (model units), each point in
+        its partition (``assignments`` [N], default: routed by the partition's rule). Per-group
+        sites are padded; the deterministic sites ``f`` [N(, L)] and ``y`` [N] are in point
+        order."""
+        if X is None:
+            layout = [(g.data_X, index, g.data_mask) for g, index in
+                      zip(self.groups, self._group_index, strict=True)]
+            count = self.num_points
+        else:
+            if assignments is None:
+                assignments = route(self.partition.rule, X.detach().cpu().numpy())
+            partition = Partition(np.asarray(assignments, dtype=np.int64),
+                                  {"kind": "random", "num_partitions": self.num_partitions})
+            Xp, _, mask, index = pad_partitions(X, X.new_zeros(len(X)), partition)
+            layout = [(Xp[m], index[m], mask[m]) for m in self.group_members]
+            count = len(X)
+        f_all = y_all = None
+        trailing = int(self.groups[0].num_latent > 1)
+        for group, (inputs, index, mask) in zip(self.groups, layout, strict=True):
+            f, y = group.predictive_model(inputs)
+            if f_all is None:
+                f_all = f.new_zeros(*f.shape[:f.dim() - 2 - trailing], count,
+                                    *f.shape[f.dim() - trailing:])
+                y_all = y.new_zeros(*y.shape[:-2], count)
+            _scatter_points(f_all, f, mask, index, trailing)
+            _scatter_points(y_all, y, mask, index, 0)
+        pyro.deterministic(self._pyro_get_fullname("f"), f_all)
+        pyro.deterministic(self._pyro_get_fullname("y"), y_all)
+
+    @pyro_method
+    def predictive_guide(self, *args, **kwargs):
+        """q(v) of every group (collapsed groups: their optimum); arguments are ignored."""
+        for group in self.groups:
+            group.predictive_guide()
+
+    # Results ----------------------------------------------------------------------------------
     @torch.no_grad()
     def finalise(self) -> None:
         """After collapsed training, write the optimal q(u) into every group."""
-        if self.collapsed:
-            for svgp in self.svgps:
-                set_optimal_posterior(svgp, svgp.data_X, svgp.data_y, svgp.data_mask)
+        for group in self.groups:
+            group.finalise()
 
     @torch.no_grad()
     def elbo(self) -> torch.Tensor:
         """The exact ELBO of every partition, in partition order; [K]."""
         out = None
-        for svgp, members in zip(self.svgps, self.group_members, strict=True):
-            values = svgp.elbo(svgp.data_X, svgp.data_y, svgp.data_mask)
+        for group, members in zip(self.groups, self.group_members, strict=True):
+            values = group.elbo()
             out = values.new_empty(self.num_partitions) if out is None else out
             out[members] = values
         return out
@@ -137,29 +191,29 @@ class LocalGPs(PyroModule):
     @torch.no_grad()
     def to_modules(self, standardisation: Standardisation, names: Sequence[str] | None = None,
                    info: dict | None = None) -> dict[str, Module]:
-        """Export every partition as a :class:`Module` (call :meth:`finalise` first if
-        collapsed). Names default to ``part000``, ``part001``, ..."""
+        """Export every partition as a :class:`Module` (q(u) of collapsed groups at its
+        optimum). Names default to ``part000``, ``part001``, ..."""
         self.finalise()
         elbos = self.elbo()
         width = max(3, len(str(self.num_partitions - 1)))
         names = list(names or [f"part{k:0{width}d}" for k in range(self.num_partitions)])
         modules: dict[int, tuple[str, Module]] = {}
-        for svgp, members in zip(self.svgps, self.group_members, strict=True):
-            q_mean, q_chol = svgp.unwhitened_posterior()
-            params = svgp.likelihood.parameter_values()
-            counts = svgp.data_mask.sum(-1)
+        for group, members in zip(self.groups, self.group_members, strict=True):
+            q_mean, q_chol = group.unwhitened_posterior()
+            params = group.likelihood.parameter_values()
+            counts = group.data_mask.sum(-1)
             for j, k in enumerate(members.tolist()):
                 modules[k] = (names[k], Module(
-                    kernel_family=svgp.kernel.family,
-                    lengthscale=svgp.kernel.lengthscale[j].detach().clone(),
-                    variance=svgp.kernel.variance[j].detach().clone(),
+                    kernel_family=group.kernel.family,
+                    lengthscale=group.kernel.lengthscale[j].detach().clone(),
+                    variance=group.kernel.variance[j].detach().clone(),
                     likelihood_name=self.likelihood_name,
-                    likelihood_options=svgp.likelihood.options(),
+                    likelihood_options=group.likelihood.options(),
                     likelihood_params={key: v[j].detach().clone() for key, v in params.items()},
-                    inducing=svgp.inducing[j].detach().clone(),
+                    inducing=group.inducing[j].detach().clone(),
                     q_mean=q_mean[j].clone(), q_chol=q_chol[j].clone(),
                     num_data=int(counts[j]), elbo=float(elbos[k]),
-                    standardisation=standardisation, jitter=svgp.jitter,
+                    standardisation=standardisation, jitter=group.jitter,
                     info={"name": names[k], "partition": k, **(info or {})}))
         return dict(modules[k] for k in sorted(modules))
 
@@ -183,6 +237,15 @@ def _initial_inducing_padded(Xp, mask, per_partition, method, generator) -> list
         Z = init_inducing(Xp[members, :rows], int(M), mask[members, :rows], method, generator)
         inducing.update(zip(members.tolist(), Z, strict=True))
     return [inducing[k] for k in range(len(per_partition))]
+
+
+def _scatter_points(out: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                    index: torch.Tensor, trailing: int) -> None:
+    """Write padded values [..., K, N, *T] (``trailing`` = len(T) dimensions) into ``out``
+    [..., P, *T] at the data rows ``index`` of the real (``mask``) slots."""
+    moved = values.movedim(tuple(range(-trailing, 0)), tuple(range(trailing)))
+    target = out.movedim(tuple(range(-trailing, 0)), tuple(range(trailing)))
+    target[..., index[mask]] = moved[..., mask]
 
 
 def _input_spread(X: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,18 +1,24 @@
 """Many sparse variational GPs (Hensman et al. 2015) fitted as one batched Pyro model.
 
 K partitions share one number of inducing inputs M. Each partition k has its own inducing inputs
-Z_k, kernel hyperparameters, likelihood parameters and whitened q(v_k) = N(m_k, L_k L_kᵀ) for every
-latent function, with u_k = chol(K_zz) v_k. Partitions of unequal size are padded and masked.
+Z_k, kernel hyperparameters, likelihood parameters and, for each of its L latent functions, a
+whitened q(v_kl) — one :class:`~pyrogp_models.layers.SparseGPLayer` with batch (K, L). Partitions
+of unequal size are padded and masked; the data are bound to the model (non-persistent buffers:
+never in a checkpoint).
 
 The ELBO of partition k (Hensman et al. 2015, eq. 4) is
 
     L_k = Σ_{i ∈ D_k} E_{q(f_i)}[log p(y_i | f_i)] − KL[q(v_k) ‖ N(0, I)].
 
-In the Pyro model, ``u`` is a latent site with a whitened N(0, I) prior and the guide is q(v);
-``TraceMeanField_ELBO`` evaluates the KL analytically, and the data term enters as a ``pyro.factor``
-computed in closed form (or by Gauss–Hermite quadrature) from q's parameters, so the training
-objective is the exact ELBO with no sampling noise. :meth:`BatchedSVGP.elbo` computes the same
-quantity without Pyro, per partition.
+In the Pyro model the whitened v is a latent site with an N(0, I) prior and the guide is q(v), so
+``TraceMeanField_ELBO`` evaluates the KL analytically; the data term enters as a ``pyro.factor``
+computed in closed form (or by deterministic quadrature) from q's parameters, so the objective is
+the exact ELBO with no sampling noise. With ``collapsed=True`` (Gaussian likelihoods) the model's
+only term is Titsias' bound (:mod:`.collapsed`), the guide is empty and q(v) is its optimum.
+
+``model``, ``guide`` and ``predictive_model`` run in Pyro's module context, so ``pyro.infer.SVI``
+trains every parameter and ``pyro.infer.Predictive`` draws v, f and y. An ``offset`` [K, N] added
+to the latent mean lets a user's own Pyro model put the GP on the residual of its other terms.
 """
 
 from __future__ import annotations
@@ -22,93 +28,92 @@ import math
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.distributions import constraints
-from pyro.nn import PyroModule, PyroParam
+from pyro.nn import PyroModule, pyro_method
 
 from pyrogp_models.gaussian import conditionals
-from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
-from pyrogp_models.gaussian.linalg import cholesky
+from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.kernels import Stationary
-from pyrogp_models.likelihoods import Gaussian, Likelihood
+from pyrogp_models.layers import OneLayer, SparseGPLayer, unique_name
+from pyrogp_models.likelihoods import Likelihood, latent_layout
+from pyrogp_models.models.local import collapsed
 
-#: Default relative jitter on K_zz (× its mean diagonal).
-DEFAULT_JITTER = 1e-6
 
-
-class BatchedSVGP(PyroModule):
-    """K independent SVGPs sharing M, as one Pyro model/guide pair.
+class BatchedSVGP(OneLayer, PyroModule):
+    """K independent SVGPs sharing M, as one Pyro model/guide pair, with their data bound;
+    ``q_mean`` [K, L, M] and ``q_sqrt`` [K, L, M, M] are the layer's whitened q(v).
 
     Args:
-        inducing: initial Z of shape [K, M, D].
+        inducing: initial Z [K, M, D].
         kernel: a :class:`Stationary` kernel with batch shape (K, L).
         likelihood: a likelihood with batch shape (K,); L = ``likelihood.num_latent``.
+        X, y, mask: the partitions' data, padded: [K, N, D], [K, N], [K, N] (True on real
+            points); without them, methods take the data as arguments.
         learn_inducing: optimise Z (otherwise it is a fixed buffer).
-        jitter: relative jitter on K_zz.
-        name: prefix for Pyro sample sites, so several models can share one trace.
         inducing_scale: [K, D] scale of each partition's coordinates for Z (e.g. the spread of
             its inputs); without it Z is optimised in the shared input coordinates.
+        collapsed: train on Titsias' collapsed bound (Gaussian likelihood; q(v) implicit).
+        batch_size: points drawn per partition per evaluation (uncollapsed bound only).
+        jitter: relative jitter on K_zz.
+        name: the Pyro name (default: a fresh ``"svgp"``).
     """
 
     def __init__(self, inducing: torch.Tensor, kernel: Stationary, likelihood: Likelihood,
-                 learn_inducing: bool = True, jitter: float = DEFAULT_JITTER,
-                 name: str = "svgp", inducing_scale: torch.Tensor | None = None):
-        super().__init__(name)
-        num_partitions, num_inducing, _ = inducing.shape
+                 X: torch.Tensor | None = None, y: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None, *,
+                 learn_inducing: bool = True, inducing_scale: torch.Tensor | None = None,
+                 collapsed: bool = False, batch_size: int | None = None,
+                 jitter: float = DEFAULT_JITTER, name: str | None = None):
+        super().__init__(name or unique_name("svgp"))
+        num_partitions, _, _ = inducing.shape
         num_latent = likelihood.num_latent
         if tuple(kernel.batch_shape) != (num_partitions, num_latent):
             raise ValueError(f"kernel batch shape {tuple(kernel.batch_shape)} != "
                              f"(partitions, latents) = {(num_partitions, num_latent)}")
-        self.kernel = kernel
+        if collapsed and likelihood.name != "gaussian":
+            raise ValueError("the collapsed bound is only available for a Gaussian likelihood")
+        if collapsed and batch_size is not None:
+            raise ValueError("the collapsed bound uses all data; minibatches need the "
+                             "uncollapsed ELBO")
+        self.layer = SparseGPLayer(
+            kernel, inducing.unsqueeze(-3), (num_partitions, num_latent),
+            learn_inducing=learn_inducing, jitter=jitter, learn_q=not collapsed,
+            inducing_scale=None if inducing_scale is None else inducing_scale.unsqueeze(-2))
         self.likelihood = likelihood
-        self.jitter = jitter
-        self.site_prefix = name
-        if inducing_scale is None:
-            centre, scale = inducing.new_zeros(()), inducing.new_ones(())
-        else:
-            centre = inducing.mean(-2, keepdim=True)
-            scale = inducing_scale.to(inducing).unsqueeze(-2)
-        self.register_buffer("inducing_centre", centre)
-        self.register_buffer("inducing_scale", scale)
-        unit = ((inducing - centre) / scale).clone()
-        if learn_inducing:
-            self.inducing_unit = PyroParam(unit)
-        else:
-            self.register_buffer("inducing_unit", unit)
-        shape = (num_partitions, num_latent, num_inducing)
-        self.q_mean = PyroParam(inducing.new_zeros(shape))
-        eye = torch.eye(num_inducing, dtype=inducing.dtype, device=inducing.device)
-        self.q_sqrt = PyroParam(eye.expand(*shape, num_inducing).clone(),
-                                constraint=constraints.lower_cholesky)
+        self.collapsed = collapsed
+        self.batch_size = batch_size
+        if mask is None and X is not None:
+            mask = torch.ones(X.shape[:-1], dtype=torch.bool, device=X.device)
+        self.register_buffer("data_X", X, persistent=False)
+        self.register_buffer("data_y", y, persistent=False)
+        self.register_buffer("data_mask", mask, persistent=False)
+
+    # Shapes -------------------------------------------------------------------------------------
+    @property
+    def kernel(self) -> Stationary:
+        return self.layer.kernel
 
     @property
     def inducing(self) -> torch.Tensor:
-        """Z = c + s·Z̃ [K, M, D]: optimised as Z̃ in each partition's own coordinates (centre c,
-        scale s), so an optimiser step moves every partition's Z in proportion to its spread."""
-        return self.inducing_centre + self.inducing_scale * self.inducing_unit
+        """Z [K, M, D]."""
+        return self.layer.inducing.squeeze(-3)
 
     @property
     def num_partitions(self) -> int:
-        return self.inducing.shape[0]
-
-    @property
-    def num_inducing(self) -> int:
-        return self.inducing.shape[1]
+        return self.layer.batch_shape[0]
 
     @property
     def num_latent(self) -> int:
         return self.likelihood.num_latent
 
     # Gaussian algebra -------------------------------------------------------------------------
-    def prior_cholesky(self, check: bool = True) -> torch.Tensor:
+    def prior_cholesky(self, check: bool | None = None) -> torch.Tensor:
         """chol(K_zz + jitter) of shape [K, L, M, M]."""
-        Z = self.inducing.unsqueeze(-3)
-        return cholesky(self.kernel(Z), self.jitter, what="inducing covariance K_zz",
-                        check=check)
+        return self.layer.prior_cholesky(check)
 
     def inverse_form(self, requested: bool | None = None) -> bool:
-        """Whether to evaluate q(f) in the inverse form
-        (:mod:`pyrogp_models.gaussian.conditionals`):
-        ``requested`` if given, else whenever it is accurate (float64, jitter ≥ 10⁻⁶)."""
+        """Whether to evaluate q(f) in the inverse form (see
+        :mod:`~pyrogp_models.gaussian.conditionals`): ``requested`` if given, else where it is
+        accurate (float64, jitter ≥ 10⁻⁶)."""
         if requested is not None:
             return requested
         return conditionals.inverse_form_ready(self.q_mean.dtype, self.jitter)
@@ -116,28 +121,31 @@ class BatchedSVGP(PyroModule):
     def latent(self, X: torch.Tensor, prior_chol: torch.Tensor | None = None,
                inverse_form: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Marginals of q(f) at X [K, N, D], in the likelihood's layout ([K, N] or [K, N, L])."""
-        prior_chol = self.prior_cholesky() if prior_chol is None else prior_chol
-        X_, Z_ = X.unsqueeze(-3), self.inducing.unsqueeze(-3)
+        X_ = X.unsqueeze(-3)
         if self.inverse_form(inverse_form):
+            prior_chol = self.prior_cholesky() if prior_chol is None else prior_chol
             alpha, B = conditionals.inverse_form(prior_chol, self.q_mean, self.q_sqrt)
             mean, var = conditionals.inverse_form_conditional(
-                self.kernel.weighted_cross(X_, Z_), self.kernel.diag(X_), alpha, B)
+                self.kernel.weighted_cross(X_, self.layer.inducing), self.kernel.diag(X_),
+                alpha, B)
         else:
-            A = conditionals.projection(prior_chol, self.kernel(Z_, X_))
-            mean, var = conditionals.whitened_conditional(A, self.kernel.diag(X_), self.q_mean,
-                                                          self.q_sqrt)
+            mean, var = self.layer.marginals(X_, prior_chol=prior_chol)
         return latent_layout(mean), latent_layout(var)
 
     def kl(self) -> torch.Tensor:
         """KL[q(v_k) ‖ N(0, I)] summed over latent functions; [K]."""
-        return kl_to_standard_normal(self.q_mean, self.q_sqrt).sum(-1)
+        return self.layer.kl().sum(-1)
 
-    def expected_log_lik(self, X, y, weights, inverse_form: bool | None = None) -> torch.Tensor:
-        """Σ_i w_ki E_q[log p(y_ki | f_ki)] per partition; [K]. Weights mask padding or
-        rescale a minibatch."""
-        if isinstance(self.likelihood, Gaussian):
-            return self._gaussian_expected_log_lik(X, y, weights, self.inverse_form(inverse_form))
+    def expected_log_lik(self, X, y, weights, inverse_form: bool | None = None,
+                         offset: torch.Tensor | None = None) -> torch.Tensor:
+        """Σ_i w_ki E_q[log p(y_ki | f_ki + offset_ki)] per partition; [K]. Weights mask padding
+        or rescale a minibatch."""
+        if self.likelihood.name == "gaussian":
+            targets = y if offset is None else y - offset
+            return self._gaussian_expected_log_lik(X, targets, weights,
+                                                   self.inverse_form(inverse_form))
         mean, var = self.latent(X, inverse_form=inverse_form)
+        mean = mean if offset is None else mean + offset
         return (self.likelihood.expected_log_prob(y, mean, var) * weights).sum(-1)
 
     def _gaussian_expected_log_lik(self, X, y, weights, inverse_form: bool) -> torch.Tensor:
@@ -156,8 +164,7 @@ class BatchedSVGP(PyroModule):
             vector, B = conditionals.inverse_form(self.prior_cholesky(), self.q_mean, self.q_sqrt)
             spread = (gram * B).sum((-2, -1))
         else:
-            A = conditionals.projection(self.prior_cholesky(), self.kernel(
-                self.inducing.unsqueeze(-3), X.unsqueeze(-3)))
+            A = self.layer.projection(X.unsqueeze(-3))
             weighted_A = A * weights.sqrt().unsqueeze(-2).unsqueeze(-2)  # A√W, [K, 1, M, N]
             gram = weighted_A @ weighted_A.mT
             projected_y = (weighted_A @ (weights.sqrt() * y).unsqueeze(-2).unsqueeze(-1)
@@ -176,58 +183,111 @@ class BatchedSVGP(PyroModule):
     def weighted_gram(self, X, y, weights) -> tuple[torch.Tensor, torch.Tensor]:
         """Ψ₂ = K_zxWK_xz [K, L, M, M] and Ψ₁ = K_zxWy [K, L, M], W = diag(w): the data enter
         the Gaussian bounds only through these."""
-        return self.kernel.weighted_gram(X.unsqueeze(-3), self.inducing.unsqueeze(-3),
+        return self.kernel.weighted_gram(X.unsqueeze(-3), self.layer.inducing,
                                          weights.unsqueeze(-2), y.unsqueeze(-2))
 
-    def elbo(self, X, y, mask) -> torch.Tensor:
-        """The exact ELBO of every partition on full data, in the projected form; [K]."""
+    def elbo(self, X=None, y=None, mask=None) -> torch.Tensor:
+        """The exact ELBO of every partition on full data (the bound data by default), in the
+        projected form; [K]."""
+        X, y, mask = self._data(X, y, mask)
         return self.expected_log_lik(X, y, mask.to(X.dtype), inverse_form=False) - self.kl()
 
+    def data_term(self, offset: torch.Tensor | None = None) -> torch.Tensor:
+        """Σ_i E_q[log p(y_i | f_i + offset_i)] per partition [K], estimated on a minibatch of
+        ``batch_size`` points per partition when one is set."""
+        X, y, weights, index = minibatch(self.data_X, self.data_y, self.data_mask,
+                                         self.batch_size)
+        if offset is not None and index is not None:
+            offset = offset.gather(1, index)
+        return self.expected_log_lik(X, y, weights, offset=offset)
+
+    def objective(self, offset: torch.Tensor | None = None) -> torch.Tensor:
+        """What training maximises, per partition [K]: the collapsed bound, or the ELBO."""
+        if self.collapsed:
+            targets = self.data_y if offset is None else self.data_y - offset
+            return collapsed.collapsed_bound(self, self.data_X, targets, self.data_mask)
+        return self.data_term(offset) - self.kl()
+
+    def _data(self, X, y, mask):
+        if X is not None:
+            return X, y, torch.ones(X.shape[:-1], dtype=torch.bool, device=X.device) \
+                if mask is None else mask
+        if self.data_X is None:
+            raise ValueError("this SVGP has no data bound; pass X, y (and mask)")
+        return self.data_X, self.data_y, self.data_mask
+
     # Pyro model / guide -----------------------------------------------------------------------
-    def model(self, X, y, mask, batch_size: int | None = None):
-        """Whitened prior v ~ N(0, I) per partition and latent; the data term as a factor.
+    @pyro_method
+    def model(self, offset: torch.Tensor | None = None):
+        """Whitened prior v ~ N(0, I); the expected log-likelihood as a factor (or the collapsed
+        bound alone). ``offset`` [K, N] (padded like the data) is added to the latent mean."""
+        if self.collapsed:
+            pyro.factor(self._pyro_get_fullname("collapsed"), self.objective(offset).sum())
+            return
+        self.layer.sample(self._pyro_get_fullname("u"), posterior=False)
+        pyro.factor(self._pyro_get_fullname("data"), self.data_term(offset).sum())
 
-        With ``batch_size``, each partition contributes B points drawn uniformly from its own
-        N_k real points, weighted N_k / B (an unbiased estimate of its data term).
-        """
-        X, y, weights = minibatch(X, y, mask, batch_size)
-        num_partitions, num_latent, num_inducing = self.q_mean.shape
-        zeros = self.q_mean.new_zeros(num_inducing)
-        eye = torch.eye(num_inducing, dtype=zeros.dtype, device=zeros.device)
-        with pyro.plate(f"{self.site_prefix}.partitions", num_partitions, dim=-2):
-            with pyro.plate(f"{self.site_prefix}.latents", num_latent, dim=-1):
-                pyro.sample(f"{self.site_prefix}.u",
-                            dist.MultivariateNormal(zeros, scale_tril=eye))
-            pyro.factor(f"{self.site_prefix}.data",
-                        self.expected_log_lik(X, y, weights).unsqueeze(-1))
+    @pyro_method
+    def guide(self, *args, **kwargs):
+        """q(v) per partition and latent function (nothing for the collapsed bound, whose q is
+        implicit). Arguments of the model are accepted and ignored."""
+        if not self.collapsed:
+            self.layer.sample(self._pyro_get_fullname("u"), posterior=True)
 
-    def guide(self, X, y, mask, batch_size: int | None = None):
-        """q(v) = N(m, L Lᵀ) per partition and latent function."""
-        num_partitions, num_latent, _ = self.q_mean.shape
-        with pyro.plate(f"{self.site_prefix}.partitions", num_partitions, dim=-2):
-            with pyro.plate(f"{self.site_prefix}.latents", num_latent, dim=-1):
-                pyro.sample(f"{self.site_prefix}.u",
-                            dist.MultivariateNormal(self.q_mean, scale_tril=self.q_sqrt))
+    @pyro_method
+    def predictive_model(self, X: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """v ~ N(0, I), f | v at X [K, N, D] (default: the bound inputs, padded) and y | f, as
+        sample sites ``u``, ``f`` [K, N(, L)] and ``y`` [K, N]. With :meth:`predictive_guide`,
+        ``pyro.infer.Predictive`` draws from the posterior predictive."""
+        X = self.data_X if X is None else X
+        v = self.layer.sample(self._pyro_get_fullname("u"), posterior=False)
+        mean, var = self.layer.conditional_on(v, X.unsqueeze(-3))
+        mean, var = latent_layout(mean), latent_layout(var)
+        event = mean.dim() - v.dim() + 3  # K and N (and L) dimensions
+        f = pyro.sample(self._pyro_get_fullname("f"),
+                        dist.Normal(mean, var.sqrt().expand_as(mean)).to_event(event))
+        y = pyro.sample(self._pyro_get_fullname("y"),
+                        self.likelihood.distribution(f).to_event(2))
+        return f, y
+
+    @pyro_method
+    def predictive_guide(self, *args, **kwargs):
+        """q(v) for :meth:`predictive_model` (for the collapsed bound: its optimum)."""
+        if self.collapsed:
+            self.finalise()
+        self.layer.sample(self._pyro_get_fullname("u"), posterior=True)
+
+    @torch.no_grad()
+    def finalise(self) -> None:
+        """Write the collapsed bound's optimal q(v) into the layer (nothing when uncollapsed)."""
+        if self.collapsed:
+            collapsed.set_optimal_posterior(self, self.data_X, self.data_y, self.data_mask)
+
+    def natural_gradient_objectives(self) -> list:
+        """The layer and, for a non-conjugate likelihood, its per-partition ELBO [K] on the full
+        data, which safeguards natural-gradient steps (:mod:`inference.natural_gradient`)."""
+        if self.collapsed:
+            return []
+        return [(self.layer, None if self.likelihood.name == "gaussian" else self.elbo)]
 
     # Export -----------------------------------------------------------------------------------
     @torch.no_grad()
     def unwhitened_posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
         """q(u) = N(L m, (L L_w)(L L_w)ᵀ): mean [K, L, M] and lower Cholesky factor [K, L, M, M]."""
-        return conditionals.unwhiten(self.prior_cholesky(), self.q_mean, self.q_sqrt)
-
-
-def latent_layout(values: torch.Tensor) -> torch.Tensor:
-    """[..., L, N] → [..., N] for one latent function, [..., N, L] for several."""
-    return values.squeeze(-2) if values.shape[-2] == 1 else values.mT
+        return self.layer.unwhitened_posterior()
 
 
 def minibatch(X, y, mask, batch_size: int | None):
-    """Per-partition uniform minibatches with weights N_k/B, or the full data with the mask."""
+    """Per-partition uniform minibatches with weights N_k/B, or the full data with the mask.
+
+    Returns (X, y, weights, index): ``index`` [K, B] are the drawn positions (None for the full
+    data)."""
     if batch_size is None:
-        return X, y, mask.to(X.dtype)
+        return X, y, mask.to(X.dtype), None
     counts = mask.sum(-1, keepdim=True).to(X.dtype)
     shape = (X.shape[0], batch_size)
     index = (torch.rand(shape, dtype=X.dtype, device=X.device) * counts).long()
     X_batch = X.gather(1, index.unsqueeze(-1).expand(*shape, X.shape[-1]))
     y_batch = y.gather(1, index)
-    return X_batch, y_batch, (counts / batch_size).expand(shape)
+    return X_batch, y_batch, (counts / batch_size).expand(shape), index

@@ -12,9 +12,12 @@ With new raw data the combined bound (eq. 19) adds Σ_i E_{q(f_i)}[log p(y_i | f
 new data's likelihood parameters. Modules may differ in kernel family, hyperparameters, M_k, Z_k
 and likelihood (heterogeneous modules share the one latent function).
 
+The inducing inputs and q(v) are a :class:`~pyrogp_models.layers.SparseGPLayer` with batch ().
 As a Pyro model, v is a sample site with a whitened N(0, I) prior and the guide is q(v), so
 ``TraceMeanField_ELBO`` evaluates the KL analytically; the contrastive sum (and the data term)
-enter as ``pyro.factor`` sites in closed form, and :func:`inference.trainer.train` fits the model.
+enter as ``pyro.factor`` sites in closed form. ``model``, ``guide`` and ``predictive_model`` run in
+Pyro's module context: ``pyro.infer.SVI`` trains every parameter and ``pyro.infer.Predictive``
+draws v, f and y.
 
 Collapsed form. Substituting the closed-form Gaussian cross-entropy (App. B) and q_C (eq. 17)
 into eq. (6) makes the bound a quadratic form in q(v) — the natural-parameter view of the
@@ -33,25 +36,22 @@ solve. :meth:`MetaGP.contrastive_terms` still scores the modules one by one (eq.
 Boundedness: L_E is not a true bound; it is unbounded above when λ_min(Λ_w) ≤ 0 (under-fitted or
 overlapping modules, a global kernel unlike the modules'). The model checks λ_min(Λ_w) before
 training and every ``check_every`` evaluations (on the Λ_w the evaluation computes anyway),
-raising :class:`UnboundedBoundError` (or warning).
+raising :class:`UnboundedBoundError` (or warning; :mod:`.boundedness`).
 :func:`pyrogp_models.modules.stack.clip_site_precisions` repairs the modules.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.distributions import constraints
-from pyro.nn import PyroModule, PyroParam
+from pyro.nn import PyroModule, pyro_method
 
 from pyrogp_models.data import Standardisation
-from pyrogp_models.errors import IncompatibleModulesError, UnboundedBoundError
+from pyrogp_models.errors import IncompatibleModulesError
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.gaussian.expectations import (
     ContrastiveQuadratic,
@@ -59,97 +59,22 @@ from pyrogp_models.gaussian.expectations import (
     evaluate_quadratic,
     site_quadratic,
 )
-from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
-from pyrogp_models.gaussian.linalg import cholesky, cholesky_solve, triangular_solve
+from pyrogp_models.gaussian.linalg import (
+    DEFAULT_JITTER,
+    cholesky_solve,
+    inverse_cholesky,
+    triangular_solve,
+)
 from pyrogp_models.kernels import Stationary
-from pyrogp_models.likelihoods import LIKELIHOODS, Likelihood
-from pyrogp_models.models.local.svgp import DEFAULT_JITTER
+from pyrogp_models.layers import OneLayer, SparseGPLayer, unique_name
+from pyrogp_models.likelihoods import LIKELIHOODS, Likelihood, make_likelihood
+from pyrogp_models.models.meta.boundedness import ON_UNBOUNDED, BoundednessGuard, describe_unbounded
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.stack import ModuleStack
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
-#: What to do when λ_min(Λ_w) ≤ 0.
-ON_UNBOUNDED = ("raise", "warn")
-
-__all__ = ["MetaGP", "UnboundedBoundError", "UnboundedBoundWarning", "BoundednessGuard",
-           "describe_unbounded", "choose_likelihood", "covariance_cholesky", "score_modules"]
-
-
-class UnboundedBoundWarning(UserWarning):
-    """Warning counterpart of :class:`UnboundedBoundError` (``on_unbounded="warn"``), with the
-    same ``smallest`` and ``modules``."""
-
-    def __init__(self, message: str, smallest: float | None = None,
-                 modules: Sequence[str] = ()):
-        super().__init__(message)
-        self.smallest = smallest
-        self.modules = list(modules)
-
-
-def describe_unbounded(smallest: float | None, suspects: Sequence[str]) -> str:
-    """What an :class:`UnboundedBoundError` found, in one line without advice (front ends add
-    their own): λ_min(Λ_w) and the under-fitted modules, at most five by name."""
-    value = f"λ_min(Λ_w) = {smallest:.4g} ≤ 0: " if smallest is not None else ""
-    named = (f"; modules wider than their prior (under-fitted): "
-             f"{', '.join(suspects[:5])}{' and more' if len(suspects) > 5 else ''}"
-             if suspects else "")
-    return (f"the ensemble bound is unbounded above ({value}under-fitted or overlapping "
-            f"modules, or a global kernel unlike the modules'){named}")
-
-
-class BoundednessGuard:
-    """λ_min(Λ_w) checks shared by the meta-GPs. A user class provides ``bound_quadratic()``,
-    ``_unbounded_message(λ_min, suspects)`` and the attributes ``on_unbounded``, ``check_every`` and
-    ``evaluations`` (and may name suspect modules in ``_unbounded_suspects()``); a collapsed
-    model always raises (its optimum does not exist)."""
-
-    collapsed = False
-
-    def _unbounded_suspects(self) -> list[str]:
-        """Modules to name when the bound is unbounded (none by default)."""
-        return []
-
-    def _unbounded_error(self, smallest: float) -> UnboundedBoundError:
-        suspects = self._unbounded_suspects()
-        return UnboundedBoundError(self._unbounded_message(smallest, suspects), smallest,
-                                   suspects)
-
-    @torch.no_grad()
-    def min_precision_eigenvalue(self, precision: torch.Tensor | None = None) -> float:
-        """λ_min(Λ_w) (of ``precision`` when given, else of the current Λ_w); the bound is bounded
-        above in q iff it is positive."""
-        if precision is None:
-            precision = self.bound_quadratic().precision
-        return float(torch.linalg.eigvalsh(precision.detach())[0])
-
-    def check_bounded(self, precision: torch.Tensor | None = None) -> float:
-        """Raise :class:`UnboundedBoundError` (or warn) if λ_min(Λ_w) ≤ 0; returns λ_min.
-        ``precision``: Λ_w if already computed."""
-        smallest = self.min_precision_eigenvalue(precision)
-        if smallest > 0:
-            return smallest
-        error = self._unbounded_error(smallest)
-        if self.on_unbounded == "raise" or self.collapsed:
-            raise error
-        warnings.warn(UnboundedBoundWarning(str(error), error.smallest, error.modules),
-                      stacklevel=2)
-        return smallest
-
-    def precision_cholesky(self, precision: torch.Tensor) -> torch.Tensor:
-        """chol(Λ_w), raising :class:`UnboundedBoundError` if Λ_w is not positive definite."""
-        chol, info = torch.linalg.cholesky_ex(precision)
-        if bool(info > 0):
-            raise self._unbounded_error(float(torch.linalg.eigvalsh(precision.detach())[0]))
-        return chol
-
-    def guard_evaluation(self, precision: Callable[[], torch.Tensor] | None = None) -> None:
-        """Called at every evaluation of the model: check before the first one and then every
-        ``check_every``. ``precision``: returns Λ_w when the evaluation has it at hand (called
-        only when a check is due)."""
-        if self.evaluations % self.check_every == 0:
-            self.check_bounded(precision() if precision is not None else None)
-        self.evaluations += 1
+__all__ = ["MetaGP", "choose_likelihood", "score_modules"]
 
 
 def score_modules(stack: ModuleStack, predictives: list[tuple[torch.Tensor, torch.Tensor]]
@@ -162,7 +87,7 @@ def score_modules(stack: ModuleStack, predictives: list[tuple[torch.Tensor, torc
     return terms
 
 
-class MetaGP(BoundednessGuard, PyroModule):
+class MetaGP(OneLayer, BoundednessGuard, PyroModule):
     """A global sparse GP fitted to modules (and optionally to new raw data).
 
     Args:
@@ -180,7 +105,7 @@ class MetaGP(BoundednessGuard, PyroModule):
         check_every: evaluations of the model between boundedness checks (the first evaluation
             is always checked).
         standardisation: the units of the modules (default: the stack's, or the identity).
-        name: prefix of the Pyro sites.
+        name: the Pyro name (default: a fresh ``"meta"``).
     """
 
     def __init__(self, stack: ModuleStack | None, inducing: torch.Tensor, kernel: Stationary,
@@ -189,8 +114,8 @@ class MetaGP(BoundednessGuard, PyroModule):
                  learn_inducing: bool = True, learn_kernel: bool = True,
                  jitter: float = DEFAULT_JITTER, on_unbounded: str = "raise",
                  check_every: int = 50, standardisation: Standardisation | None = None,
-                 name: str = "meta"):
-        super().__init__(name)
+                 name: str | None = None):
+        super().__init__(name or unique_name("meta"))
         if on_unbounded not in ON_UNBOUNDED:
             raise ValueError(f"on_unbounded must be one of {ON_UNBOUNDED}, got '{on_unbounded}'")
         if tuple(kernel.batch_shape) != ():
@@ -206,41 +131,33 @@ class MetaGP(BoundednessGuard, PyroModule):
                                            f"{stack.input_dim}, Z_* has {inducing.shape[-1]}")
         self.stack = stack
         self.collapsed = collapsed
-        self.jitter = jitter
         self.on_unbounded = on_unbounded
         self.check_every = check_every
-        self.site_prefix = name
         self.evaluations = 0
         input_dim = inducing.shape[-1]
         self.standardisation = standardisation or (
             stack.standardisation if stack is not None else
             Standardisation(np.zeros(input_dim), np.ones(input_dim), 0.0, 1.0))
-        self.kernel = kernel
         for parameter in kernel.parameters():
             parameter.requires_grad_(learn_kernel)
-        if learn_inducing:
-            self.inducing = PyroParam(inducing.clone())
-        else:
-            self.register_buffer("inducing", inducing.clone())
+        self.layer = SparseGPLayer(kernel, inducing.clone(), (), learn_inducing=learn_inducing,
+                                   jitter=jitter, learn_q=not collapsed)
         self._cache_sites()
         self.likelihood = likelihood
         if likelihood is not None:
             likelihood.validate_targets(raw_y)
-            self.register_buffer("raw_X", raw_X)
-            self.register_buffer("raw_y", raw_y)
-        size = inducing.shape[-2]
-        mean = inducing.new_zeros(size)
-        chol = torch.eye(size, dtype=inducing.dtype, device=inducing.device)
-        if collapsed:
-            self.register_buffer("q_mean", mean)
-            self.register_buffer("q_sqrt", chol)
-        else:
-            self.q_mean = PyroParam(mean)
-            self.q_sqrt = PyroParam(chol, constraint=constraints.lower_cholesky)
+            self.register_buffer("raw_X", raw_X, persistent=False)
+            self.register_buffer("raw_y", raw_y, persistent=False)
 
     @property
-    def num_inducing(self) -> int:
-        return self.inducing.shape[-2]
+    def kernel(self) -> Stationary:
+        return self.layer.kernel
+
+    @property
+    def inducing(self) -> torch.Tensor:
+        """Z_* [M, D]."""
+        return self.layer.inducing
+
 
     def _cache_sites(self) -> None:
         """The modules' inducing inputs side by side [N, D] (N = Σ_k M_k, group by group) and
@@ -257,7 +174,7 @@ class MetaGP(BoundednessGuard, PyroModule):
     # Gaussian algebra -------------------------------------------------------------------------
     def prior_cholesky(self) -> torch.Tensor:
         """L_** = chol(K_** + jitter), [M, M]."""
-        return cholesky(self.kernel(self.inducing), self.jitter, what="meta-GP covariance K_**")
+        return self.layer.prior_cholesky()
 
     def _module_terms(self, prior_chol: torch.Tensor):
         """Per M_k-group: the group, B_k = L_**⁻¹K_*k [G, M, M_k] and K_kk^{(*)} [G, M_k, M_k]."""
@@ -300,16 +217,13 @@ class MetaGP(BoundednessGuard, PyroModule):
 
     def kl(self) -> torch.Tensor:
         """KL[q(v) ‖ N(0, I)] = KL[q(u_*) ‖ p(u_*)]."""
-        return kl_to_standard_normal(self.q_mean, self.q_sqrt)
+        return self.layer.kl()
 
     def latent(self, X: torch.Tensor, prior_chol: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Marginals of q(f) at X [N, D] (model units): mean and variance [N] (``prior_chol``:
         L_** if already factorised)."""
-        prior_chol = self.prior_cholesky() if prior_chol is None else prior_chol
-        A = conditionals.projection(prior_chol, self.kernel(self.inducing, X))
-        return conditionals.whitened_conditional(A, self.kernel.diag(X), self.q_mean,
-                                                 self.q_sqrt)
+        return self.layer.marginals(X, prior_chol=prior_chol)
 
     def expected_log_lik(self, prior_chol: torch.Tensor | None = None) -> torch.Tensor:
         """Σ_i E_{q(f_i)}[log p(y_i | f_i)] over the raw data (0 without raw data)."""
@@ -369,12 +283,12 @@ class MetaGP(BoundednessGuard, PyroModule):
         """The optimal q(v) = N(Λ_w⁻¹η_w, Λ_w⁻¹): mean [M] and lower Cholesky factor [M, M]."""
         precision, shift, _ = self.bound_quadratic()
         mean = cholesky_solve(self.precision_cholesky(precision), shift.unsqueeze(-1))
-        return mean.squeeze(-1), covariance_cholesky(precision)
+        return mean.squeeze(-1), inverse_cholesky(precision, what="meta-GP precision Λ_w")
 
     @torch.no_grad()
     def set_optimal_posterior(self) -> None:
         """Overwrite q(v) with its optimum for the current ψ_*, Z_* (and likelihood)."""
-        self.q_mean, self.q_sqrt = self.optimal_posterior()
+        self.layer.set_whitened_posterior(*self.optimal_posterior())
 
     # Boundedness guard ------------------------------------------------------------------------
     def _unbounded_suspects(self) -> list[str]:
@@ -387,31 +301,62 @@ class MetaGP(BoundednessGuard, PyroModule):
                 "modules'.")
 
     # Pyro model / guide -----------------------------------------------------------------------
+    @pyro_method
     def model(self):
         """Whitened prior v ~ N(0, I); the contrastive sum and raw-data term as factors (or the
         collapsed bound alone). The boundedness guard reuses this evaluation's Λ_w."""
         if self.collapsed:
             quadratic = self.bound_quadratic()
             self.guard_evaluation(lambda: quadratic.precision)
-            pyro.factor(f"{self.site_prefix}.collapsed", self.collapsed_bound(quadratic))
+            pyro.factor(self._pyro_get_fullname("collapsed"), self.collapsed_bound(quadratic))
             return
         prior_chol = self.prior_cholesky()
         modules = self.module_quadratic(prior_chol)
         self.guard_evaluation(lambda: self._with_kl_and_data(modules, prior_chol).precision)
-        size = self.num_inducing
-        zeros = self.q_mean.new_zeros(size)
-        eye = torch.eye(size, dtype=zeros.dtype, device=zeros.device)
-        pyro.sample(f"{self.site_prefix}.v", dist.MultivariateNormal(zeros, scale_tril=eye))
+        self.layer.sample(self._pyro_get_fullname("u"), posterior=False)
         if self.stack is not None:
-            pyro.factor(f"{self.site_prefix}.contrastive", self.contrastive_sum(modules))
+            pyro.factor(self._pyro_get_fullname("contrastive"), self.contrastive_sum(modules))
         if self.likelihood is not None:
-            pyro.factor(f"{self.site_prefix}.data", self.expected_log_lik(prior_chol))
+            pyro.factor(self._pyro_get_fullname("data"), self.expected_log_lik(prior_chol))
 
-    def guide(self):
-        """q(v) = N(m, LLᵀ) (nothing in collapsed mode: q is implicit)."""
+    @pyro_method
+    def guide(self, *args, **kwargs):
+        """q(v) = N(m, LLᵀ) (nothing in collapsed mode: q is implicit); arguments are ignored."""
         if not self.collapsed:
-            pyro.sample(f"{self.site_prefix}.v",
-                        dist.MultivariateNormal(self.q_mean, scale_tril=self.q_sqrt))
+            self.layer.sample(self._pyro_get_fullname("u"), posterior=True)
+
+    @pyro_method
+    def predictive_model(self, X: torch.Tensor):
+        """v ~ N(0, I), f | v at X [N, D] (model units) and y | f under the exported
+        likelihood (:func:`choose_likelihood`): sites ``u``, ``f`` [N], ``y`` [N]."""
+        v = self.layer.sample(self._pyro_get_fullname("u"), posterior=False)
+        mean, var = self.layer.conditional_on(v, X)
+        f = pyro.sample(self._pyro_get_fullname("f"),
+                        dist.Normal(mean, var.sqrt().expand_as(mean)).to_event(1))
+        return f, pyro.sample(self._pyro_get_fullname("y"),
+                              self.output_likelihood().distribution(f).to_event(1))
+
+    @pyro_method
+    def predictive_guide(self, *args, **kwargs):
+        """q(v) for :meth:`predictive_model` (collapsed: its optimum); arguments are ignored."""
+        if self.collapsed:
+            self.set_optimal_posterior()
+        self.layer.sample(self._pyro_get_fullname("u"), posterior=True)
+
+    def natural_gradient_objectives(self) -> list:
+        """The layer, conjugate (a concave quadratic in q) unless non-Gaussian raw data make the
+        bound's safeguard necessary."""
+        if self.collapsed:
+            return []
+        conjugate = self.likelihood is None or self.likelihood.name == "gaussian"
+        return [(self.layer, None if conjugate else self.bound)]
+
+    @torch.no_grad()
+    def output_likelihood(self) -> Likelihood:
+        """The likelihood the exported module predicts with (:func:`choose_likelihood`)."""
+        name, options, params, _ = choose_likelihood(self.stack, self.likelihood)
+        return make_likelihood(name, (), self.q_mean.dtype, self.q_mean.device, **options,
+                               **params).requires_grad_(False)
 
     # Export -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -430,7 +375,7 @@ class MetaGP(BoundednessGuard, PyroModule):
             self.stack, self.likelihood, likelihood, likelihood_options, likelihood_params)
         num_raw = 0 if self.likelihood is None else int(self.raw_y.numel())
         module_elbos = self.stack.elbo_sum if self.stack is not None else 0.0
-        name = name or self.site_prefix
+        name = name or self._pyro_name
         return Module(
             kernel_family=self.kernel.family,
             lengthscale=self.kernel.lengthscale.detach().reshape(1, -1).clone(),
@@ -446,15 +391,6 @@ class MetaGP(BoundednessGuard, PyroModule):
                   "num_raw_data": num_raw, "ensemble_bound": bound,
                   "module_elbo_sum": module_elbos, "likelihood_source": source,
                   "collapsed": self.collapsed})
-
-
-def covariance_cholesky(precision: torch.Tensor) -> torch.Tensor:
-    """Lower Cholesky factor of Λ⁻¹ for a positive definite Λ, without forming Λ⁻¹: with J the
-    reversal permutation and L' = chol(JΛJ), Λ⁻¹ = (J L'⁻ᵀ J)(J L'⁻ᵀ J)ᵀ and J L'⁻ᵀ J is lower
-    triangular. Batched."""
-    flipped_chol = torch.linalg.cholesky(precision.flip(-2, -1))
-    eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
-    return triangular_solve(flipped_chol, eye, transpose=True).flip(-2, -1)
 
 
 def choose_likelihood(stack: ModuleStack | None, raw_likelihood: Likelihood | None,

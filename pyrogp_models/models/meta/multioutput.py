@@ -17,6 +17,11 @@ B_kq = L_qq⁻¹ k_q(Z_q, Z_k): a sum over q of whitened conditionals with proje
 Stacking the latents, B_k = [W_k1 B_k1; …; W_kQ B_kQ] gives the same quadratic form as the
 single-output meta-GP, hence the same boundedness check on Λ_w = I + Σ_k B_k P_k B_kᵀ (QM × QM).
 
+The latents' inducing inputs and q(w_q) are one :class:`~pyrogp_models.layers.SparseGPLayer` with
+batch (Q,) and a unit-variance kernel. ``model``, ``guide`` and ``predictive_model`` run in Pyro's
+module context, so ``pyro.infer.SVI`` trains every parameter and ``pyro.infer.Predictive`` draws
+the latents and every output.
+
 Modules must share the input standardisation; their outputs keep their own units, likelihoods and
 output standardisations, which predictions for output k use.
 """
@@ -26,29 +31,24 @@ from __future__ import annotations
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.distributions import constraints
-from pyro.nn import PyroModule, PyroParam
+from pyro.nn import PyroModule, PyroParam, pyro_method
 
+from pyrogp_models.data import Standardisation
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.gaussian.expectations import (
     ContrastiveQuadratic,
     contrastive_quadratic,
 )
-from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
-from pyrogp_models.gaussian.linalg import cholesky, cholesky_solve
-from pyrogp_models.kernels import PROFILES, stationary_covariance
-from pyrogp_models.models.local.svgp import DEFAULT_JITTER
-from pyrogp_models.models.meta.meta_gp import (
-    ON_UNBOUNDED,
-    BoundednessGuard,
-    covariance_cholesky,
-    score_modules,
-)
-from pyrogp_models.modules.record import Module
+from pyrogp_models.gaussian.linalg import DEFAULT_JITTER, cholesky_solve, inverse_cholesky
+from pyrogp_models.kernels import PROFILES, Stationary, stationary_covariance
+from pyrogp_models.layers import OneLayer, SparseGPLayer, unique_name
+from pyrogp_models.models.meta.boundedness import ON_UNBOUNDED, BoundednessGuard
+from pyrogp_models.models.meta.meta_gp import score_modules
+from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.stack import ModuleStack
 
 
-class MultiOutputMetaGP(BoundednessGuard, PyroModule):
+class MultiOutputMetaGP(OneLayer, BoundednessGuard, PyroModule):
     """An LMC meta-GP over modules, one output per module.
 
     Args:
@@ -65,8 +65,8 @@ class MultiOutputMetaGP(BoundednessGuard, PyroModule):
     def __init__(self, stack: ModuleStack, inducing: torch.Tensor, family: str,
                  lengthscale: torch.Tensor, mixing: torch.Tensor, *, learn_inducing: bool = True,
                  jitter: float = DEFAULT_JITTER, on_unbounded: str = "raise",
-                 check_every: int = 50, name: str = "mo_meta"):
-        super().__init__(name)
+                 check_every: int = 50, name: str | None = None):
+        super().__init__(name or unique_name("mo_meta"))
         if family not in PROFILES:
             raise ValueError(f"unknown kernel family '{family}'; choose from {sorted(PROFILES)}")
         if on_unbounded not in ON_UNBOUNDED:
@@ -77,29 +77,30 @@ class MultiOutputMetaGP(BoundednessGuard, PyroModule):
                              f"(modules, latents) = {(stack.num_modules, num_latent)}")
         self.stack = stack
         self.family = family
-        self.jitter = jitter
+        self.collapsed = False
         self.on_unbounded = on_unbounded
         self.check_every = check_every
-        self.site_prefix = name
         self.evaluations = 0
-        if learn_inducing:
-            self.inducing = PyroParam(inducing.clone())
-        else:
-            self.register_buffer("inducing", inducing.clone())
-        self.lengthscale = PyroParam(lengthscale.clone(), constraint=constraints.positive)
+        kernel = Stationary(family, inducing.shape[-1], (num_latent,), lengthscale.shape[-1] > 1,
+                            lengthscale.clone(), 1.0, inducing.dtype, inducing.device,
+                            learn_variance=False)
+        self.layer = SparseGPLayer(kernel, inducing.clone(), (num_latent,),
+                                   learn_inducing=learn_inducing, jitter=jitter)
         self.mixing = PyroParam(mixing.clone())
-        self.q_mean = PyroParam(inducing.new_zeros(num_latent, size))
-        eye = torch.eye(size, dtype=inducing.dtype, device=inducing.device)
-        self.q_sqrt = PyroParam(eye.expand(num_latent, size, size).clone(),
-                                constraint=constraints.lower_cholesky)
+
+    @property
+    def inducing(self) -> torch.Tensor:
+        """Z_q [Q, M, D]."""
+        return self.layer.inducing
+
+    @property
+    def lengthscale(self) -> torch.Tensor:
+        """ℓ_q [Q, D or 1]."""
+        return self.layer.kernel.lengthscale
 
     @property
     def num_latent(self) -> int:
         return self.inducing.shape[0]
-
-    @property
-    def num_inducing(self) -> int:
-        return self.inducing.shape[1]
 
     # Gaussian algebra -------------------------------------------------------------------------
     def latent_kernel(self, X: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
@@ -112,8 +113,7 @@ class MultiOutputMetaGP(BoundednessGuard, PyroModule):
 
     def prior_cholesky(self) -> torch.Tensor:
         """chol(k_q(Z_q, Z_q) + jitter) per latent, [Q, M, M]."""
-        return cholesky(self.latent_kernel(self.inducing, self.inducing), self.jitter,
-                        what="multi-output meta-GP covariance K_qq")
+        return self.layer.prior_cholesky()
 
     def _module_terms(self, prior_chol: torch.Tensor):
         """Per M_k-group: the group, W_kq B_kq [Q, G, M, M_k] and W_kq² k_q(Z_k, Z_k)
@@ -140,7 +140,7 @@ class MultiOutputMetaGP(BoundednessGuard, PyroModule):
 
     def kl(self) -> torch.Tensor:
         """Σ_q KL[q(w_q) ‖ N(0, I)]."""
-        return kl_to_standard_normal(self.q_mean, self.q_sqrt).sum()
+        return self.layer.kl().sum()
 
     def bound(self) -> torch.Tensor:
         """L^MO at the current q."""
@@ -167,9 +167,9 @@ class MultiOutputMetaGP(BoundednessGuard, PyroModule):
         precision, shift, _ = self.bound_quadratic()
         chol = self.precision_cholesky(precision)
         Q, M = self.num_latent, self.num_inducing
-        self.q_mean = cholesky_solve(chol, shift.unsqueeze(-1)).reshape(Q, M)
         blocks = precision.reshape(Q, M, Q, M).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
-        self.q_sqrt = covariance_cholesky(blocks)
+        self.layer.set_whitened_posterior(cholesky_solve(chol, shift.unsqueeze(-1)).reshape(Q, M),
+                                          inverse_cholesky(blocks, what="block of Λ_w"))
 
     # Boundedness guard ------------------------------------------------------------------------
     def _unbounded_message(self, smallest: float, suspects: list[str]) -> str:
@@ -178,34 +178,51 @@ class MultiOutputMetaGP(BoundednessGuard, PyroModule):
                 "repair the modules with clip_site_precisions")
 
     # Pyro model / guide -----------------------------------------------------------------------
+    @pyro_method
     def model(self):
         """Whitened priors w_q ~ N(0, I); the contrastive sum as a factor."""
         self.guard_evaluation()
-        zeros = self.q_mean.new_zeros(self.num_inducing)
-        eye = torch.eye(self.num_inducing, dtype=zeros.dtype, device=zeros.device)
-        with pyro.plate(f"{self.site_prefix}.latents", self.num_latent):
-            pyro.sample(f"{self.site_prefix}.w", dist.MultivariateNormal(zeros, scale_tril=eye))
-        pyro.factor(f"{self.site_prefix}.contrastive", self.contrastive_terms().sum())
+        self.layer.sample(self._pyro_get_fullname("u"), posterior=False)
+        pyro.factor(self._pyro_get_fullname("contrastive"), self.contrastive_terms().sum())
 
-    def guide(self):
-        """q(w_q) = N(m_q, L_q L_qᵀ), independent over q."""
-        with pyro.plate(f"{self.site_prefix}.latents", self.num_latent):
-            pyro.sample(f"{self.site_prefix}.w",
-                        dist.MultivariateNormal(self.q_mean, scale_tril=self.q_sqrt))
+    @pyro_method
+    def guide(self, *args, **kwargs):
+        """q(w_q) = N(m_q, L_q L_qᵀ), independent over q; arguments are ignored."""
+        self.layer.sample(self._pyro_get_fullname("u"), posterior=True)
+
+    @pyro_method
+    def predictive_model(self, X: torch.Tensor):
+        """w ~ N(0, I), the latents v_q | w at X [N, D] (model units), every output
+        f_k = Σ_q W_kq v_q and y_k | f_k under module k's likelihood: sites ``u``, ``v`` [Q, N],
+        ``f`` [K, N] and ``y.<module>`` [N]."""
+        w = self.layer.sample(self._pyro_get_fullname("u"), posterior=False)
+        mean, var = self.layer.conditional_on(w, X)
+        latents = pyro.sample(self._pyro_get_fullname("v"),
+                              dist.Normal(mean, var.sqrt().expand_as(mean)).to_event(2))
+        outputs = pyro.deterministic(self._pyro_get_fullname("f"), self.mixing @ latents)
+        for index, (name, module) in enumerate(self.stack.modules.items()):
+            pyro.sample(self._pyro_get_fullname(f"y.{name}"),
+                        module.likelihood().distribution(outputs[..., index, :]).to_event(1))
+        return outputs
+
+    @pyro_method
+    def predictive_guide(self, *args, **kwargs):
+        """q(w) for :meth:`predictive_model`; arguments are ignored."""
+        self.layer.sample(self._pyro_get_fullname("u"), posterior=True)
+
+    def natural_gradient_objectives(self) -> list:
+        """The latents' layer; the contrastive terms are a concave quadratic in q (conjugate)."""
+        return [(self.layer, None)]
 
     # Predictions ------------------------------------------------------------------------------
-    def _output(self, output: str) -> tuple[int, Module]:
+    def predictor(self, output: str) -> OutputPredictor:
+        """The data-units predictor of output ``output`` (a module name)."""
         if output not in self.stack.modules:
             raise KeyError(f"no output '{output}'; outputs are the modules {self.stack.names}")
-        return self.stack.names.index(output), self.stack.modules[output]
+        return OutputPredictor(self, output)
 
-    @torch.no_grad()
-    def predict_f(self, X, output: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Latent mean and variance [N] of output ``output`` (a module name) at X [N, D] in data
-        units; the latent is in the module's model units."""
-        index, module = self._output(output)
-        X = torch.as_tensor(X, dtype=self.q_mean.dtype, device=self.q_mean.device)
-        X = self.stack.standardisation.transform_x(X)
+    def output_latent(self, X: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q(f_k) = Σ_q W_kq q(v_q) at X [N, D] (model units): mean and variance [N]."""
         weights = self.mixing[index].unsqueeze(-1).unsqueeze(-1)  # [Q, 1, 1]
         A = weights * conditionals.projection(self.prior_cholesky(),
                                               self.latent_kernel(self.inducing, X))
@@ -213,14 +230,37 @@ class MultiOutputMetaGP(BoundednessGuard, PyroModule):
         mean, var = conditionals.whitened_conditional(A, prior_diag, self.q_mean, self.q_sqrt)
         return mean.sum(0), var.sum(0)
 
-    @torch.no_grad()
-    def predict_y(self, X, output: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Predictive mean and variance of output ``output`` in its data units (its module's
-        likelihood and output standardisation)."""
-        _, module = self._output(output)
-        likelihood = module.likelihood()
-        mean, var = likelihood.predictive_moments(*self.predict_f(X, output))
-        if likelihood.standardise_targets:
-            return (module.standardisation.inverse_y_mean(mean),
-                    module.standardisation.inverse_y_var(var))
-        return mean, var
+
+class OutputPredictor(Predictor):
+    """One output of a :class:`MultiOutputMetaGP` in data units: the stack's input
+    standardisation, and the likelihood and output standardisation of the output's module."""
+
+    def __init__(self, meta: MultiOutputMetaGP, output: str):
+        self.meta = meta
+        self.index = meta.stack.names.index(output)
+        self.module = meta.stack.modules[output]
+        x = meta.stack.standardisation
+        y = self.module.standardisation
+        self.standardisation = Standardisation(x.x_mean, x.x_scale, y.y_mean, y.y_scale)
+        self.info = {key: self.module.info[key] for key in ("features", "target")
+                     if key in self.module.info}
+        self.likelihood_name = self.module.likelihood_name
+
+    @property
+    def input_dim(self) -> int:
+        return self.module.input_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.meta.q_mean.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.meta.q_mean.device
+
+    def likelihood(self):
+        return self.module.likelihood()
+
+    def latent(self, X: torch.Tensor, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latent mean and variance [N] of the output at X (data units), in its model units."""
+        return self.meta.output_latent(self.standardisation.transform_x(X), self.index)

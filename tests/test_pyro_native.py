@@ -1,0 +1,251 @@
+"""Every model is a Pyro model a Pyro user can train and draw from.
+
+For each model (local SVGPs uncollapsed and collapsed, the meta-GP uncollapsed and collapsed, the
+multi-output meta-GP, exact experts): ``pyro.infer.SVI`` with a ``pyro.optim`` optimiser moves
+every parameter, in both of Pyro's parameter modes; SVI from the same start reaches the ELBO of
+the library's trainer; ``pyro.infer.Predictive`` draws agree with ``predict_y`` (Monte Carlo,
+4 standard errors); two models in one process never share parameters; checkpoints hold no data;
+every predictor turns into an ArviZ InferenceData that ``az.summary`` and ``az.loo`` accept.
+"""
+
+import math
+
+import numpy as np
+import pyro
+import pytest
+import torch
+from pyro.infer import SVI, Predictive, TraceMeanField_ELBO
+
+from inference.experts_fit import fit_exact_experts
+from inference.local_fit import LocalFitSpec, fit_local, local_predictor
+from inference.natural_gradient import NaturalGradient
+from inference.recycling import RecycleSpec, recycle, recycle_multioutput
+from inference.trainer import TrainConfig, train
+from pyrogp_models import arviz_bridge
+from pyrogp_models.data.partitioners import (
+    partition_by_label,
+    partition_contiguous,
+    partition_random,
+)
+from pyrogp_models.models.experts.predictor import ExpertCombination
+from pyrogp_models.modules.routing import RoutedModules
+
+STEPS, LR = 25, 0.01
+NO_STEPS = TrainConfig(steps=0)
+
+
+@pytest.fixture(params=[True, False], ids=["module-local", "global-store"])
+def param_mode(request):
+    """Run under both of Pyro's parameter modes (the global store is Pyro's default)."""
+    previous = pyro.settings.get("module_local_params")
+    pyro.settings.set(module_local_params=request.param)
+    pyro.clear_param_store()
+    yield request.param
+    pyro.settings.set(module_local_params=previous)
+    pyro.clear_param_store()
+
+
+def series(n=120, seed=0, labels=False):
+    rng = np.random.default_rng(seed)
+    X = np.sort(rng.uniform(0, 6, size=(n, 1)), axis=0)
+    f = np.sin(1.5 * X[:, 0])
+    if labels:
+        return X, (rng.uniform(size=n) < 1 / (1 + np.exp(-3 * f))).astype(float)
+    return X, 2.0 + 0.5 * f + 0.1 * rng.standard_normal(n)
+
+
+# Models under test, each built fresh at its start: (model, predictor, X_data, y_data) ------------
+def local_model(collapsed=False, likelihood="gaussian"):
+    X, y = series(labels=likelihood == "bernoulli")
+    fit = fit_local((X, y, partition_contiguous(X, 3)),
+                    LocalFitSpec(num_inducing=5, collapsed=collapsed, likelihood=likelihood),
+                    NO_STEPS)
+    return fit.model, fit.predictor, X, y
+
+
+def trained_modules(collapsed=True, seed=0):
+    X, y = series(seed=seed)
+    return fit_local((X, y, partition_contiguous(X, 3)),
+                     LocalFitSpec(num_inducing=6, collapsed=collapsed),
+                     TrainConfig(optimizer="lbfgs", lr=1.0, steps=4)).modules, X, y
+
+
+def meta_model(collapsed=False):
+    modules, X, y = trained_modules()
+    fit = recycle(modules, RecycleSpec(num_inducing=8, collapsed=collapsed), NO_STEPS)
+    return fit.model, fit.module, X, y
+
+
+def multioutput_model():
+    X, y = series(90)
+    labels = np.repeat(np.arange(3), 30)
+    modules = fit_local((X, y, partition_by_label(labels, "output")),
+                        LocalFitSpec(num_inducing=5, collapsed=True),
+                        TrainConfig(optimizer="lbfgs", lr=1.0, steps=3)).modules
+    fit = recycle_multioutput(modules, 2, RecycleSpec(num_inducing=6), NO_STEPS)
+    return fit.model, fit.predictor("part001"), X, y
+
+
+def experts_model():
+    X, y = series(60)
+    fit = fit_exact_experts((X, y, partition_random(60, 3, 0)), config=NO_STEPS)
+    return fit.model, fit.predictor, X, y
+
+
+MODELS = {
+    "local": local_model,
+    "local-bernoulli": lambda: local_model(likelihood="bernoulli"),
+    "local-collapsed": lambda: local_model(collapsed=True),
+    "meta": meta_model,
+    "meta-collapsed": lambda: meta_model(collapsed=True),
+    "multioutput": multioutput_model,
+    "experts": experts_model,
+}
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_svi_moves_every_parameter(kind, param_mode):
+    model = MODELS[kind]()[0]
+    before = {name: p.detach().clone() for name, p in model.named_parameters()
+              if p.requires_grad}
+    assert before
+    svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": LR}), TraceMeanField_ELBO())
+    for _ in range(3):
+        assert math.isfinite(svi.step())
+    unmoved = [name for name, p in model.named_parameters()
+               if p.requires_grad and torch.equal(p.detach(), before[name])]
+    assert unmoved == []
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_svi_reaches_the_trainers_elbo(kind):
+    by_trainer, by_svi = MODELS[kind]()[0], MODELS[kind]()[0]
+    result = train(by_trainer, config=TrainConfig(lr=LR, steps=STEPS, tol=None))
+    svi = SVI(by_svi.model, by_svi.guide, pyro.optim.Adam({"lr": LR}), TraceMeanField_ELBO())
+    losses = [svi.step() for _ in range(STEPS)]
+    assert losses[-1] == pytest.approx(result.losses[-1], rel=1e-4)
+    elbo = TraceMeanField_ELBO()
+    final = [elbo.loss(m.model, m.guide) for m in (by_trainer, by_svi)]
+    assert final[1] == pytest.approx(final[0], rel=1e-4)
+    assert final[0] < result.losses[0]  # training did something
+
+
+def predictive_draws(kind, model, X_data, predictor, num_samples):
+    """Posterior-predictive draws of y at X_data by pyro.infer.Predictive, in data units."""
+    predictive = Predictive(model.predictive_model, guide=model.predictive_guide,
+                            num_samples=num_samples, parallel=True)
+    s = predictor.standardisation
+    if kind.startswith("local"):
+        draws = predictive()[f"{model._pyro_name}.y"]  # at the bound data, in data order
+    elif kind == "multioutput":
+        X_model = torch.as_tensor(s.transform_x(X_data))
+        draws = predictive(X_model)[f"{model._pyro_name}.y.part001"]
+    else:
+        X_model = torch.as_tensor(s.transform_x(X_data))
+        draws = predictive(X_model)[f"{model._pyro_name}.y"]
+        if kind == "experts":
+            draws = draws[:, 1]  # expert 1
+    return s.inverse_y_mean(draws) if predictor.likelihood().standardise_targets else draws
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_predictive_draws_match_predict_y(kind):
+    model, predictor, X, y = MODELS[kind]()
+    train(model, config=TrainConfig(lr=0.05, steps=40, tol=None))
+    if kind == "experts":  # expert 1, exported exactly as a module
+        predictor = list(model.to_modules(predictor.standardisation).values())[1]
+    elif kind.startswith("local"):  # the trained modules, routed
+        predictor = local_predictor(model.to_modules(predictor.standardisation),
+                                    model.partition)
+    elif kind.startswith("meta"):
+        predictor = model.to_module()
+    num_samples = 6000
+    draws = predictive_draws(kind, model, X, predictor, num_samples)
+    rows = [5, 20, 40, 55]
+    mean, var = predictor.predict_y(X[rows])
+    draws = draws[:, rows]
+    assert (draws.mean(0) - mean).abs().max() < 4 * (var / num_samples).sqrt().max()
+    if not predictor.is_classifier:
+        se_var = var * math.sqrt(2.0 / (num_samples - 1))
+        assert bool(((draws.var(0) - var).abs() < 4 * se_var).all())
+
+
+def test_two_models_in_the_global_store_keep_their_own_parameters(param_mode):
+    first, second = local_model()[0], local_model()[0]
+    assert first._pyro_name != second._pyro_name
+    svi = SVI(first.model, first.guide, pyro.optim.Adam({"lr": 0.05}), TraceMeanField_ELBO())
+    untouched = {name: p.detach().clone() for name, p in second.named_parameters()}
+    for _ in range(3):
+        svi.step()
+        # evaluating the second model between steps must not swap in the first one's values
+        TraceMeanField_ELBO().loss(second.model, second.guide)
+    for name, p in second.named_parameters():
+        assert torch.equal(p.detach(), untouched[name]), name
+    moved = dict(first.named_parameters())
+    assert any(not torch.equal(moved[name].detach(), untouched[name]) for name in untouched)
+
+
+@pytest.mark.parametrize("kind", ["local", "meta", "experts"])
+def test_checkpoints_hold_no_data(kind, tmp_path):
+    model, _, X, y = MODELS[kind]()
+    path = tmp_path / "fit.safetensors"
+    train(model, config=TrainConfig(steps=3, tol=None, checkpoint=path))
+    content = path.read_bytes() + path.with_suffix(".safetensors.json").read_bytes()
+    standardised = (y - y.mean()) / y.std()
+    for value in [*X[:20, 0], *standardised[:20], *y[:20]]:
+        for dtype in (np.float64, np.float32):
+            assert np.asarray(value, dtype=dtype).tobytes() not in content
+
+
+def test_offset_shifts_the_latent_mean_of_the_local_gps():
+    """An offset c in the model is the same objective as the targets y − c."""
+    model = local_model()[0]
+    elbo = TraceMeanField_ELBO()
+    offset = torch.linspace(-0.5, 0.5, model.num_points)
+    with_offset = elbo.loss(model.model, model.guide, offset=offset)
+    for group, index in zip(model.groups, model._group_index, strict=True):
+        group.data_y = group.data_y - offset[index] * group.data_mask
+    assert elbo.loss(model.model, model.guide) == pytest.approx(with_offset, rel=1e-12)
+
+
+def test_one_unit_natural_step_on_a_gaussian_meta_gp_reaches_its_collapsed_optimum():
+    meta = meta_model()[0]
+    with torch.no_grad():
+        meta.q_mean = torch.randn(meta.num_inducing)
+        meta.q_sqrt = 0.5 * torch.eye(meta.num_inducing)
+    optimum = float(meta.collapsed_bound())
+    assert float(meta.bound()) < optimum - 1.0
+    NaturalGradient(meta, 1.0)(lambda: TraceMeanField_ELBO().differentiable_loss(meta.model,
+                                                                                meta.guide))
+    assert float(meta.bound()) == pytest.approx(optimum, rel=1e-8)
+
+
+# ArviZ for every predictor -------------------------------------------------------------------
+def predictors():
+    modules, X, y = trained_modules()
+    meta = recycle(modules, RecycleSpec(num_inducing=8, collapsed=True),
+                   TrainConfig(optimizer="lbfgs", lr=1.0, steps=3)).module
+    return {
+        "module": (modules["part000"], X[:40], y[:40]),
+        "routed": (RoutedModules(modules, partition_contiguous(X, 3).rule), X, y),
+        "combination": (ExpertCombination(modules, "rbcm"), X, y),
+        "meta-gp": (meta, X, y),
+        "multi-output": (multioutput_model()[1], *series(90)),
+        "exact experts": (experts_model()[1], *series(60)),
+    }
+
+
+@pytest.mark.filterwarnings("ignore:Estimated shape parameter of Pareto")
+@pytest.mark.parametrize("name", ["module", "routed", "combination", "meta-gp", "multi-output",
+                                  "exact experts"])
+def test_every_predictor_gives_inference_data_that_arviz_summarises(name):
+    predictor, X, y = predictors()[name]
+    idata = predictor.to_inference_data(X, y, num_samples=200)
+    for group in ("posterior", "posterior_predictive", "log_likelihood", "observed_data"):
+        assert arviz_bridge.group(idata, group) is not None
+    assert arviz_bridge.group(idata, "posterior")["f"].shape == (1, 200, len(y))
+    summary = arviz_bridge.summary(idata, var_names=["f"])
+    assert len(summary) == len(y)
+    loo = arviz_bridge.loo(idata)
+    exact = float(predictor.log_predictive(X, y).sum())
+    assert loo.elpd_loo + loo.p_loo == pytest.approx(exact, abs=0.05 * abs(exact) + 1.0)
