@@ -80,7 +80,7 @@ def train(settings) -> tuple[dict, dict]:
     times, fit = [], None
     for _ in range(settings["train_repeats"]):
         start = time.perf_counter()
-        fit = fit_exact_experts(X, y, partition)
+        fit = fit_exact_experts((X, y, partition))
         times.append(time.perf_counter() - start)
     model = fit.model
     record = {"n": len(y), "experts": J, "seconds": times, "median_seconds": median(times),

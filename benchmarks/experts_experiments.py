@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import RESULTS_DIR, agg_pyplot, machine_info, write_json  # noqa: E402
 
-from inference.experts_fit import fit_exact_experts  # noqa: E402
+from inference.experts_fit import ExpertsSpec, fit_exact_experts  # noqa: E402
 from inference.local_fit import LocalFitSpec, fit_local  # noqa: E402
 from inference.metrics import accuracy, nlpd, rmse  # noqa: E402
 from inference.trainer import TrainConfig  # noqa: E402
@@ -222,9 +222,9 @@ def fit_experts(X, y, points_per_expert: int, seed: int, steps: int):
     """Exact experts on k-means clusters (of standardised inputs) and the grBCM experts."""
     J = max(len(y) // points_per_expert, 1)
     clusters = partition_kmeans(Standardisation.fit(X).transform_x(X), J, seed)
-    fit = fit_exact_experts(X, y, clusters, config=lbfgs(steps))
+    fit = fit_exact_experts((X, y, clusters), config=lbfgs(steps))
     rows, augmented = grbcm_rows(clusters, min(points_per_expert, len(y) - 1), seed)
-    grbcm = fit_exact_experts(X[rows], y[rows], augmented, config=lbfgs(steps)).modules
+    grbcm = fit_exact_experts((X[rows], y[rows], augmented), config=lbfgs(steps)).modules
     first = next(iter(grbcm))
     grbcm[first] = replace(grbcm[first], info={**grbcm[first].info, "role": "communication"})
     return fit, grbcm, J
@@ -238,7 +238,7 @@ def full_gp(fit, X, y, Xte, yte, own_theta: bool) -> dict[str, float]:
                  noise=fit.model.likelihood.variance.item())
     one = partition_random(len(y), 1, 0)
     if own_theta:
-        module = next(iter(fit_exact_experts(X, y, one, **theta, config=lbfgs(10))
+        module = next(iter(fit_exact_experts((X, y, one), ExpertsSpec(**theta), lbfgs(10))
                            .modules.values()))
         return score_module(module, Xte, yte)
     s = fit.standardisation
@@ -266,7 +266,7 @@ def regression(settings, sweep_store: dict) -> dict:
             m, v = g.predict_f(Xte)
             run["grBCM"] = scores(yte, g.y_log_density(yte, m, v), g.y_moments(m, v)[0], False)
             M = min(settings["svgp_max"], len(ytr))
-            svgp = fit_local(Xtr, ytr, partition_random(len(ytr), 1, seed),
+            svgp = fit_local((Xtr, ytr, partition_random(len(ytr), 1, seed)),
                              LocalFitSpec(num_inducing=M, collapsed=True, learn_inducing=False),
                              lbfgs(settings["svgp_steps"])).modules
             run["SVGP"] = score_module(next(iter(svgp.values())), Xte, yte)
@@ -341,9 +341,9 @@ def classification(settings) -> dict:
             config = TrainConfig(lr=0.05, steps=steps, tol=None, seed=seed)
             spec = LocalFitSpec(num_inducing=M, likelihood=likelihood,
                                 likelihood_options=options, batch_size=batch)
-            experts = ModuleExperts(fit_local(Xtr, ytr, parts, spec, config).modules)
+            experts = ModuleExperts(fit_local((Xtr, ytr, parts), spec, config).modules)
             run = score_rules(experts, RULE_NAMES[:-1], T_CLASSIFICATION, Xte, yte, True)
-            single = fit_local(Xtr, ytr, partition_random(len(ytr), 1, seed),
+            single = fit_local((Xtr, ytr, partition_random(len(ytr), 1, seed)),
                                replace(spec, num_inducing=J * M), config).modules
             run["SVGP"] = score_module(next(iter(single.values())), Xte, yte, True)
             runs.append(run)

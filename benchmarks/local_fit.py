@@ -67,7 +67,7 @@ from _common import (  # noqa: E402
 )
 
 from inference.local_fit import LocalFitSpec, fit_local, model_inputs, seeded_generator  # noqa: E402
-from inference.natural_gradient import natural_gradient_step, split_parameters  # noqa: E402
+from inference.natural_gradient import NaturalGradient  # noqa: E402
 from inference.trainer import TrainConfig, train  # noqa: E402
 from pyrogp_models.data.partitioners import Partition, partition_contiguous, partition_random  # noqa: E402
 from pyrogp_models.models.local.local_gps import LocalGPs  # noqa: E402
@@ -145,27 +145,28 @@ def build_model(X, y, partition, spec: LocalFitSpec, seed: int) -> LocalGPs:
     X_model, y_model, _ = model_inputs(X, y, spec)
     return LocalGPs(X_model, y_model, partition, spec.num_inducing, spec.likelihood,
                     spec.likelihood_options, spec.kernel, spec.ard, spec.inducing_init,
-                    spec.learn_inducing, spec.collapsed, noise=spec.noise,
-                    generator=seeded_generator(TrainConfig(seed=seed), spec))
+                    spec.learn_inducing, spec.collapsed, spec.batch_size, noise=spec.noise,
+                    generator=seeded_generator(TrainConfig(seed=seed), spec),
+                    inducing=spec.inducing)
 
 
 def trainer_stepper(model: LocalGPs, lr: float, natural_gradient: float | None = None):
     """One step as :func:`inference.trainer.train` takes it (Pyro's TraceMeanField ELBO of
-    model/guide, Adam; with ``natural_gradient`` = γ, a natural-gradient step on q(u) first and
-    Adam on the other parameters). Returns (step, optimizer); step returns the loss."""
+    model/guide, Adam; with ``natural_gradient`` = γ, a natural-gradient step on q(u) first
+    (:class:`NaturalGradient`, the trainer's pre-step hook) and Adam on the other parameters).
+    Returns (step, optimizer); step returns the loss."""
     elbo = TraceMeanField_ELBO()
-    groups = None
-    params = list(model.parameters())
-    if natural_gradient is not None:
-        groups, params = split_parameters(model)
+    hook = None if natural_gradient is None else NaturalGradient(model, natural_gradient)
+    owned = set() if hook is None else {id(p) for p in hook.parameters}
+    params = [p for p in model.parameters() if id(p) not in owned]
     optimizer = torch.optim.Adam(params, lr=lr)
 
     def loss_fn():
-        return elbo.differentiable_loss(model.model, model.guide, None)
+        return elbo.differentiable_loss(model.model, model.guide)
 
     def step():
-        if groups is not None:
-            natural_gradient_step(loss_fn, groups, natural_gradient)
+        if hook is not None:
+            hook(loss_fn)
         optimizer.zero_grad()
         loss = loss_fn()
         loss.backward(inputs=params)
@@ -191,14 +192,15 @@ def bench_fit_vs_loop(s: Settings, kind: str, seed: int) -> list[dict]:
         batched, singles = [], []
         for chunk in chunks:
             start = time.perf_counter()
-            fit = fit_local(X, y, partition, spec, config)
+            fit = fit_local((X, y, partition), spec, config)
             batched.append(time.perf_counter() - start)
             if fit.result.steps != s.fit_steps or len(fit.modules) != K:
                 raise RuntimeError("batched fit did not run the requested steps")
             for k in chunk.tolist():
                 index = partition.indices(k)
                 start = time.perf_counter()
-                single = fit_local(X[index], y[index], single_partition(len(index)), spec, config)
+                single = fit_local((X[index], y[index], single_partition(len(index))), spec,
+                                   config)
                 singles.append(time.perf_counter() - start)
                 if single.result.steps != s.fit_steps:
                     raise RuntimeError("single fit did not run the requested steps")
@@ -285,9 +287,9 @@ def bench_per_step(s: Settings, kind: str, seed: int, lr: float) -> list[dict]:
         theirs_step = gpytorch_stepper(svgp.data_X, svgp.data_y, init, lr)
         loss_theirs = float(theirs_step())     # loss at the common initial point
         config = TrainConfig(steps=1, tol=None, seed=None, lr=lr)
-        train(ours, None, config=config)
+        train(ours, config=config)
         start = time.perf_counter()
-        train(ours, None, config=config)
+        train(ours, config=config)
         estimate = time.perf_counter() - start
         number = max(1, round(s.step_round_seconds / max(estimate, 1e-6)))
         rounds = interleaved_times(_rounds(ours, replace(config, steps=number), theirs_step),
@@ -313,7 +315,7 @@ def bench_per_step(s: Settings, kind: str, seed: int, lr: float) -> list[dict]:
 def _rounds(ours: LocalGPs, config: TrainConfig, theirs_step) -> dict:
     """One timing round each: ``config.steps`` steps of train() and of the GPyTorch loop."""
     def ours_round():
-        if train(ours, None, config=config).steps != config.steps:
+        if train(ours, config=config).steps != config.steps:
             raise RuntimeError("train() stopped early")
 
     def theirs_round():
@@ -439,7 +441,7 @@ def _lbfgs_reference(model: LocalGPs, calls: int, elbos: list[torch.Tensor]) -> 
         nonlocal evaluations
         evaluations += 1
         optimizer.zero_grad()
-        loss = elbo.differentiable_loss(model.model, model.guide, None)
+        loss = elbo.differentiable_loss(model.model, model.guide)
         loss.backward()
         return loss
 
@@ -549,7 +551,7 @@ def _warm_up(s: Settings, kind: str, seed: int, lr: float) -> None:
     """One tiny untimed fit of each kind, so lazy imports and first-call costs are not timed."""
     X, y, partition = make_problem(2, s.inducing + 2, kind, s.noise_std, seed)
     spec = LocalFitSpec(num_inducing=s.inducing)
-    fit_local(X, y, partition, spec, TrainConfig(steps=2, tol=None, seed=seed))
+    fit_local((X, y, partition), spec, TrainConfig(steps=2, tol=None, seed=seed))
     model = build_model(X, y, partition, spec, seed)
     svgp = model.svgps[0]
     init = {"inducing": svgp.inducing.detach(), "lengthscale": svgp.kernel.lengthscale.detach(),

@@ -70,6 +70,7 @@ from inference import metrics  # noqa: E402
 from inference.local_fit import LocalFit, LocalFitSpec, fit_local  # noqa: E402
 from inference.recycling import (  # noqa: E402
     Recycled,
+    RecycleSpec,
     initial_hyperparameters,
     initial_inducing,
     recycle,
@@ -82,7 +83,7 @@ from pyrogp_models.models.local.collapsed import set_optimal_posterior  # noqa: 
 from pyrogp_models.models.local.local_gps import LocalGPs  # noqa: E402
 from pyrogp_models.models.meta.meta_gp import MetaGP  # noqa: E402
 from pyrogp_models.modules.record import Module  # noqa: E402
-from pyrogp_models.modules.stack import ModuleStack, most_common_kernel  # noqa: E402
+from pyrogp_models.modules.stack import ModuleStack  # noqa: E402
 
 #: Targets of the brief.
 TARGET_FIT_SECONDS = 30.0  # one K = 5000 meta-GP fit
@@ -206,13 +207,13 @@ def local_spec(num_inducing: int = 3) -> LocalFitSpec:
 def fit_modules(problem: Problem, steps: int, lr: float, seed: int = 0,
                 num_inducing: int = 3) -> LocalFit:
     config = TrainConfig(optimizer="adam", lr=lr, steps=steps, tol=None, seed=seed)
-    return fit_local(problem.X, problem.y, problem.partition, local_spec(num_inducing), config)
+    return fit_local((problem.X, problem.y, problem.partition), local_spec(num_inducing), config)
 
 
 def fit_meta(modules: dict[str, Module], num_inducing: int, collapsed: bool = True,
              steps: int = META_CONFIG.steps) -> Recycled:
-    return recycle(modules, num_inducing, collapsed=collapsed,
-                   config=replace(META_CONFIG, steps=steps))
+    return recycle(modules, RecycleSpec(num_inducing=num_inducing, collapsed=collapsed),
+                   replace(META_CONFIG, steps=steps))
 
 
 def single_partition(size: int) -> Partition:
@@ -222,7 +223,7 @@ def single_partition(size: int) -> Partition:
 def full_svgp(X: np.ndarray, y: np.ndarray, num_inducing: int) -> Module:
     """Full-data SVGP on its collapsed bound (L-BFGS, Z learned): the exact SVGP optimum."""
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=15, window=5, tol=1e-7)
-    return fit_local(X, y, single_partition(len(y)), LocalFitSpec(num_inducing, collapsed=True),
+    return fit_local((X, y, single_partition(len(y))), LocalFitSpec(num_inducing, collapsed=True),
                      config).modules["part000"]
 
 
@@ -232,21 +233,19 @@ def full_svgp_minibatch(X: np.ndarray, y: np.ndarray, num_inducing: int, subsamp
     rng = np.random.default_rng(seed)
     rows = rng.choice(len(y), min(subsample, len(y)), replace=False)
     with Stopwatch() as clock:
-        start = fit_local(X[rows], y[rows], single_partition(len(rows)),
+        start = fit_local((X[rows], y[rows], single_partition(len(rows))),
                           LocalFitSpec(num_inducing, collapsed=True),
                           TrainConfig(optimizer="lbfgs", lr=1.0, steps=15, window=5, tol=1e-7))
         s = start.standardisation
         model = LocalGPs(torch.as_tensor(s.transform_x(X)), torch.as_tensor(s.transform_y(y)),
-                         single_partition(len(y)), num_inducing,
+                         single_partition(len(y)), num_inducing, batch_size=batch,
                          generator=torch.Generator().manual_seed(seed))
-        state = {key.replace(".svgp.", "."): value
-                 for key, value in start.model.state_dict().items() if ".data_" not in key}
-        model.load_state_dict(state, strict=False)
+        model.load_state_dict(start.model.state_dict(), strict=False)  # q(u) is set below
         svgp = model.svgps[0]
         set_optimal_posterior(svgp, svgp.data_X, svgp.data_y, svgp.data_mask)
         elbo_start = float(model.elbo()[0])
         saved = copy.deepcopy(model.state_dict())
-        train(model, batch, config=TrainConfig(lr=lr, steps=steps, tol=None, seed=seed))
+        train(model, config=TrainConfig(lr=lr, steps=steps, tol=None, seed=seed))
         set_optimal_posterior(svgp, svgp.data_X, svgp.data_y, svgp.data_mask)
         elbo_after = float(model.elbo()[0])
         if elbo_after < elbo_start:
@@ -318,7 +317,7 @@ def bench_end_to_end(s: Settings, seed: int) -> tuple[dict, dict[str, Module], P
     with Stopwatch() as meta_clock:
         recycled = fit_meta(local.modules, s.inducing, steps=s.meta_steps)
     print(f"  recycling: {format_seconds(meta_clock.wall)} ({recycled.result.steps} L-BFGS steps, "
-          f"{recycled.meta.evaluations} evaluations)", flush=True)
+          f"{recycled.model.evaluations} evaluations)", flush=True)
     with Stopwatch() as predict_clock:
         mean, var = recycled.module.predict_y(test.X)
         recycled.module.log_predictive(test.X, test.y)
@@ -337,9 +336,9 @@ def bench_end_to_end(s: Settings, seed: int) -> tuple[dict, dict[str, Module], P
         "N": N, "K": K, "points_per_partition": s.e2e_points, "M_k": 3, "M": s.inducing,
         "test_points": s.e2e_test, "stages": stages, "total_seconds": total,
         "total_cpu_seconds": total_cpu, "meta_steps": recycled.result.steps,
-        "meta_evaluations": recycled.meta.evaluations,
+        "meta_evaluations": recycled.model.evaluations,
         "meta_converged": recycled.result.converged,
-        "meta_min_precision_eigenvalue": recycled.meta.min_precision_eigenvalue(),
+        "meta_min_precision_eigenvalue": recycled.model.min_precision_eigenvalue(),
         "meta_hyperparameters": _hyper(recycled.module),
         "local_final_loss": local.result.final_loss,
         "meta": meta_scores, "full_svgp": evaluate(reference, test),
@@ -359,7 +358,7 @@ def _meta_for_timing(stack: ModuleStack, num_inducing: int, collapsed: bool) -> 
     points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
     inducing = initial_inducing(points, num_inducing, "kmeans", 0)
     lengthscale, variance = initial_hyperparameters(stack, inducing.shape[-1], False)
-    kernel = Stationary(most_common_kernel(stack), inducing.shape[-1], (), False, lengthscale,
+    kernel = Stationary(stack.most_common_kernel(), inducing.shape[-1], (), False, lengthscale,
                         variance, inducing.dtype, inducing.device)
     meta = MetaGP(stack, inducing, kernel, collapsed=collapsed)
     if not collapsed:
@@ -407,7 +406,7 @@ def bench_scaling(s: Settings, modules: dict[str, Module]) -> list[dict]:
                    "fit_seconds": median(fit_walls), "fit_cpu_seconds": median(fit_cpus),
                    "fit_seconds_all": fit_walls,
                    "fit_steps": recycled.result.steps,
-                   "fit_evaluations": recycled.meta.evaluations,
+                   "fit_evaluations": recycled.model.evaluations,
                    "fit_converged": recycled.result.converged,
                    "load_average": load_average()}
             row["bound_us_per_module"] = 1e6 * row["bound_grad_seconds"] / K
@@ -415,8 +414,8 @@ def bench_scaling(s: Settings, modules: dict[str, Module]) -> list[dict]:
             rows.append(row)
             print(f"  K={K:5d} M={M:3d}: L_E+grad {format_seconds(row['bound_grad_seconds'])}, "
                   f"L_E*+grad {format_seconds(row['collapsed_grad_seconds'])}, fit "
-                  f"{format_seconds(row['fit_seconds'])} ({recycled.meta.evaluations} evaluations, "
-                  f"median of {len(fit_walls)})",
+                  f"{format_seconds(row['fit_seconds'])} ({recycled.model.evaluations} "
+                  f"evaluations, median of {len(fit_walls)})",
                   flush=True)
     return rows
 
@@ -507,7 +506,7 @@ def learned_inducing_ablation(problem: Problem, test: TestSet, s: Settings, seed
     """The same local fit with Z_k learned (the LocalFitSpec default), then the same meta-GP."""
     config = TrainConfig(optimizer="adam", lr=s.local_lr, steps=s.accuracy_local_steps,
                          tol=None, seed=seed)
-    learned = fit_local(problem.X, problem.y, problem.partition,
+    learned = fit_local((problem.X, problem.y, problem.partition),
                         LocalFitSpec(num_inducing=3, collapsed=True), config)
     out = {}
     for name, local in (("fixed Z_k", fixed), ("learned Z_k", learned)):

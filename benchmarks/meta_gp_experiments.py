@@ -29,7 +29,7 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,9 +48,9 @@ from inference.recycling import RecycleSpec, recycle, recycle_multioutput  # noq
 from inference.trainer import TrainConfig, train  # noqa: E402
 from pyrogp_models.data import Standardisation, load_banana, load_sunspots  # noqa: E402
 from pyrogp_models.data.partitioners import Partition, partition_by_label  # noqa: E402
+from pyrogp_models.errors import UnboundedBoundError  # noqa: E402
 from pyrogp_models.models.experts import ModuleExperts  # noqa: E402
 from pyrogp_models.models.local.local_gps import LocalGPs  # noqa: E402
-from pyrogp_models.models.meta.meta_gp import UnboundedBoundError  # noqa: E402
 from pyrogp_models.modules.record import Module  # noqa: E402
 from pyrogp_models.modules.routing import RoutedModules  # noqa: E402
 
@@ -169,16 +169,14 @@ def fit_identity(X: np.ndarray, y: np.ndarray, likelihood: str, num_inducing: in
     return model.to_modules(identity, [name])[name]
 
 
-def recycle_guarded(modules, num_inducing, steps, **kwargs):
+def recycle_guarded(modules, num_inducing, steps, spec: RecycleSpec | None = None):
     """recycle(collapsed=True); if the guard raises, repair the sites and say so."""
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=steps, window=5, tol=1e-6)
+    spec = replace(spec or RecycleSpec(), num_inducing=num_inducing, collapsed=True)
     try:
-        return recycle(modules, num_inducing, collapsed=True, config=config, **kwargs), False
+        return recycle(modules, spec, config), False
     except UnboundedBoundError:
-        spec = kwargs.pop("spec", None) or RecycleSpec()
-        spec.repair_sites = True
-        return recycle(modules, num_inducing, collapsed=True, config=config, spec=spec,
-                       **kwargs), True
+        return recycle(modules, replace(spec, repair_sites=True), config), True
 
 
 # 1. Toy concatenation -----------------------------------------------------------------------
@@ -192,7 +190,7 @@ def experiment_toy(s: Settings, out: Path, suffix: str) -> tuple[str, dict]:
         problem = bench.distributed_problem(1, s.toy_points, seed, segments=5, width=1.1,
                                             function=f_bias)
         test = bench.test_grid(400, seed, -0.5, 6.0, (0.0, 5.5), function=f_bias)
-        local = fit_local(problem.X, problem.y, problem.partition,
+        local = fit_local((problem.X, problem.y, problem.partition),
                           LocalFitSpec(15, collapsed=True), LBFGS)
         meta = bench.fit_meta(local.modules, 35, steps=s.meta_steps)
         full = bench.full_svgp(problem.X, problem.y, 35)
@@ -200,7 +198,7 @@ def experiment_toy(s: Settings, out: Path, suffix: str) -> tuple[str, dict]:
         runs.append({"meta-GP": bench.evaluate(meta.module, test),
                      "full-data SVGP": bench.evaluate(full, test),
                      "modules (routed)": bench.evaluate(routed, test),
-                     "min_precision_eigenvalue": meta.meta.min_precision_eigenvalue()})
+                     "min_precision_eigenvalue": meta.model.min_precision_eigenvalue()})
         if plot is None:
             plot = (problem, test, local.modules, meta.module, full)
     problem, test, modules, meta_module, full = plot
@@ -295,7 +293,7 @@ def pyramid_run(s: Settings, seed: int) -> tuple[dict, dict]:
     result = {"pyramid (2 levels)": bench.evaluate(top.module, test)}
     info = {"N": len(problem.y), "K": len(names), "level1_meta_gps": len(level1),
             "level1_repaired": repaired, "top_repaired": top_repaired,
-            "top_min_precision_eigenvalue": top.meta.min_precision_eigenvalue(),
+            "top_min_precision_eigenvalue": top.model.min_precision_eigenvalue(),
             "top_hyperparameters": bench._hyper(top.module)}
     if s.million_flat:
         started = time.perf_counter()
@@ -470,10 +468,10 @@ def experiment_banana(s: Settings, out: Path, suffix: str) -> tuple[str, dict]:
         X, y = X_all[train_rows], y_all[train_rows]
         Xt, yt = X_all[test_rows], y_all[test_rows]
         quadrant = 2 * (X[:, 0] > 0) + (X[:, 1] > 0)
-        local = fit_local(X, y, partition_by_label(quadrant, "quadrant"),
+        local = fit_local((X, y, partition_by_label(quadrant, "quadrant")),
                           LocalFitSpec(9, likelihood="bernoulli", inducing_init="grid"), config)
         meta, repaired = recycle_guarded(local.modules, 25, s.meta_steps)
-        single = fit_local(X, y, bench.single_partition(len(y)),
+        single = fit_local((X, y, bench.single_partition(len(y))),
                            LocalFitSpec(25, likelihood="bernoulli", inducing_init="grid"),
                            config).modules["part000"]
         run = {"meta-GP": classification_scores(meta.module, Xt, yt),
@@ -546,12 +544,12 @@ def experiment_digits(s: Settings, out: Path, suffix: str) -> tuple[str, dict]:
                 if setting == "all pixels" and seed != s.digits_seeds[0]:
                     continue
                 Xtr, ytr = X[train_rows], y[train_rows]
-                local = fit_local(Xtr, ytr, partition_by_label(parts[train_rows].astype(int),
-                                                               "part"),
+                local = fit_local((Xtr, ytr, partition_by_label(parts[train_rows].astype(int),
+                                                                "part")),
                                   LocalFitSpec(9, likelihood="bernoulli", inducing_init="grid"),
                                   config)
                 meta, repaired = recycle_guarded(local.modules, num_inducing, s.meta_steps)
-                single = fit_local(Xtr, ytr, bench.single_partition(len(ytr)),
+                single = fit_local((Xtr, ytr, bench.single_partition(len(ytr))),
                                    LocalFitSpec(num_inducing, likelihood="bernoulli",
                                                 inducing_init="grid"), config).modules["part000"]
                 Xte, yte = (X, y) if test_rows is None else (X[test_rows], y[test_rows])
@@ -645,9 +643,10 @@ def experiment_heterogeneous(s: Settings, out: Path, suffix: str) -> tuple[str, 
         labels = (rng.random(400) < 1 / (1 + np.exp(-hetero_truth(X_cls[:, 0])))).astype(float)
         modules = {"gaussian": fit_identity(X_reg, y_reg, "gaussian", 10, 15, "gaussian"),
                    "bernoulli": fit_identity(X_cls, labels, "bernoulli", 10, 15, "bernoulli")}
-        (meta, classifier, _), repaired = recycle_guarded(
-            modules, 20, s.meta_steps, spec=RecycleSpec(likelihood="bernoulli"))
-        regressor = meta.to_module(likelihood="gaussian")
+        recycled, repaired = recycle_guarded(modules, 20, s.meta_steps,
+                                             RecycleSpec(likelihood="bernoulli"))
+        classifier = recycled.module
+        regressor = recycled.model.to_module(likelihood="gaussian")
         grid_reg = np.linspace(0.0, 3.0, 1000)[:, None]
         p_true = 1 / (1 + np.exp(-hetero_truth(grid_reg[:, 0])))
         y_test = (rng.random(1000) < p_true).astype(float)
@@ -722,9 +721,9 @@ def experiment_multioutput(s: Settings, out: Path, suffix: str) -> tuple[str, di
         targets = [mo_truth(k, x) + 0.1 * rng.standard_normal(150)
                    for k, x in enumerate(inputs)]
         labels = np.repeat(np.arange(len(ranges)), 150)
-        local = fit_local(np.concatenate(inputs)[:, None], np.concatenate(targets),
-                          partition_by_label(labels, "output"), LocalFitSpec(10, collapsed=True),
-                          config)
+        local = fit_local((np.concatenate(inputs)[:, None], np.concatenate(targets),
+                           partition_by_label(labels, "output")),
+                          LocalFitSpec(10, collapsed=True), config)
         grid = np.linspace(0.5, 1.0, 200)[1:, None]
         truth = mo_truth(0, grid[:, 0])
         y_test = truth + 0.1 * rng.standard_normal(len(grid))
@@ -740,8 +739,9 @@ def experiment_multioutput(s: Settings, out: Path, suffix: str) -> tuple[str, di
         single = bench.fit_meta({"part000": own}, 15, steps=s.meta_steps)
         run["single-output meta-GP of module 0"] = score(*single.module.predict_y(grid))
         for Q in s.mo_latents:
-            meta, _ = recycle_multioutput(local.modules, Q, 15, config=config)
-            run[f"multi-output meta-GP, Q = {Q}"] = score(*meta.predict_y(grid, "part000"))
+            meta = recycle_multioutput(local.modules, Q, RecycleSpec(num_inducing=15), config)
+            run[f"multi-output meta-GP, Q = {Q}"] = score(*meta.predictor("part000").predict_y(
+                grid))
             if plot is None and Q == max(s.mo_latents):
                 plot = (inputs, targets, meta, own)
         runs.append(run)
@@ -751,7 +751,7 @@ def experiment_multioutput(s: Settings, out: Path, suffix: str) -> tuple[str, di
     for k, ax in enumerate(axes):
         name = f"part{k:03d}"
         ax.plot(inputs[k], targets[k], ".", ms=2, color="0.6")
-        mean, var = meta.predict_y(grid, name)
+        mean, var = meta.predictor(name).predict_y(grid)
         sd = var.sqrt().numpy()
         ax.plot(grid[:, 0], mean.numpy(), "k", lw=1, label="LMC meta-GP")
         ax.fill_between(grid[:, 0], mean.numpy() - 2 * sd, mean.numpy() + 2 * sd, color="k",

@@ -33,7 +33,7 @@ from pyrogp_models.models.meta.meta_gp import MetaGP, choose_likelihood
 from pyrogp_models.models.meta.multioutput import MultiOutputMetaGP
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
-from pyrogp_models.modules.stack import ModuleStack, clip_site_precisions, most_common_kernel
+from pyrogp_models.modules.stack import ModuleStack, clip_site_precisions
 
 
 @dataclass
@@ -109,7 +109,7 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
                           (stack.groups if stack is not None else ())),
                         *([raw_X] if raw_X is not None else [])])
     inducing = initial_inducing(points, num_inducing, spec.inducing_init, config.seed)
-    family = spec.kernel or (most_common_kernel(stack) if stack is not None else "rbf")
+    family = spec.kernel or (stack.most_common_kernel() if stack is not None else "rbf")
     ard = spec.ard if spec.ard is not None else (
         stack is not None and any(m.ard for m in stack.modules.values()))
     lengthscale, variance = initial_hyperparameters(stack, inducing.shape[-1], ard)
@@ -242,7 +242,7 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
     """
     spec = spec or RecycleSpec()
     config = config or TrainConfig()
-    stack = ModuleStack.from_modules(modules, shared_output=False, dtype=spec.dtype,
+    stack = ModuleStack.from_modules(modules, "recycle-outputs", dtype=spec.dtype,
                                      device=spec.device)
     if spec.repair_sites:
         stack, _ = clip_site_precisions(stack)
@@ -251,7 +251,7 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
     ard = spec.ard if spec.ard is not None else any(m.ard for m in stack.modules.values())
     lengthscale, _ = initial_hyperparameters(stack, inducing.shape[-1], ard)
     meta = MultiOutputMetaGP(stack, inducing.expand(num_latent, -1, -1), spec.kernel or
-                             most_common_kernel(stack), lengthscale.expand(num_latent, -1),
+                             stack.most_common_kernel(), lengthscale.expand(num_latent, -1),
                              initial_mixing(stack, inducing, num_latent, config.seed),
                              learn_inducing=spec.learn_inducing, jitter=spec.jitter,
                              on_unbounded=spec.on_unbounded, check_every=config.window)

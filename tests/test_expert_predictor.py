@@ -106,7 +106,7 @@ def test_combination_equals_rules_on_per_module_predictions(exact_fit, svgp_modu
     fit, _, _, Xs = exact_fit
     for modules in (fit.modules, svgp_modules):
         experts = ModuleExperts(modules)
-        assert len(experts.groups) > 1  # several M: one batched conditional per group
+        assert len(experts.stack.groups) > 1  # several M: one batched conditional per group
         mean, var = experts.predict_f(Xs)
         for j, module in enumerate(modules.values()):
             for got, want in zip((mean[j], var[j]), module.predict_f(Xs), strict=True):
@@ -149,9 +149,9 @@ def test_incompatible_modules_are_refused(exact_fit, svgp_modules):
     s = second.standardisation
     rescaled = replace(second, standardisation=Standardisation(s.x_mean, s.x_scale, s.y_mean,
                                                                2.0 * s.y_scale))
-    with pytest.raises(IncompatibleModulesError, match="standardise"):
+    with pytest.raises(IncompatibleModulesError, match="standardis"):
         ExpertCombination({"a": first, "b": rescaled}, "poe")
-    with pytest.raises(IncompatibleModulesError, match="standardise"):
+    with pytest.raises(IncompatibleModulesError, match="standardis"):
         ExpertCombination({"a": first, **svgp_modules}, "poe")
     other = replace(second, likelihood_name="poisson", likelihood_params={})
     with pytest.raises(IncompatibleModulesError, match="likelihood"):

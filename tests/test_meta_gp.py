@@ -399,7 +399,8 @@ def test_site_repair_makes_the_bound_bounded():
     assert all(count > 0 for count in clipped.values())
     assert repaired.indefinite_sites() == []
     for group in repaired.groups:
-        whitened = torch.linalg.solve_triangular(group.prior_chol, group.chol, upper=False)
+        _, chol, prior_chol = group.first_latent()
+        whitened = torch.linalg.solve_triangular(prior_chol, chol, upper=False)
         assert torch.linalg.matrix_norm(whitened, ord=2).max() <= 1 + 1e-9
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=4, window=2)
     fit = recycle(overlapping_unit_modules(), RecycleSpec(8, repair_sites=True), config)
@@ -444,7 +445,7 @@ def test_quadratic_form_equals_the_module_by_module_scores():
     """The bound through the cached site parameters (one K_·*, no per-module solve) equals the
     sum of the per-module contrastive expectations (eq. 5), in value and in gradient."""
     stack = ModuleStack.from_modules(heterogeneous_modules())
-    assert len(stack.groups) == 2
+    assert len(stack.groups) == 5  # one group per kernel family and M_k
     meta = MetaGP(stack, torch.linspace(-0.5, 4.5, 7).unsqueeze(-1),
                   Stationary("rbf", 1, (), False, 0.8, 1.5), on_unbounded="warn")
     set_random_q(meta)
@@ -465,8 +466,8 @@ def test_quadratic_form_equals_the_module_by_module_scores():
         (meta.contrastive_terms().sum() - meta.kl()).detach(), rtol=1e-11, atol=0)
     precision = torch.eye(7)
     for group, projection, _ in meta._module_terms(meta.prior_cholesky()):
-        site = group.chol @ group.chol.mT
-        prior = group.prior_chol @ group.prior_chol.mT
+        _, chol, prior_chol = group.first_latent()
+        site, prior = chol @ chol.mT, prior_chol @ prior_chol.mT
         precision = precision + (projection @ (torch.linalg.inv(site) - torch.linalg.inv(prior))
                                  @ projection.mT).sum(0)
     torch.testing.assert_close(quadratic.precision.detach(), precision, rtol=1e-9, atol=1e-9)
@@ -516,7 +517,7 @@ def test_incompatible_modules_are_named(single_module):
     rescaled = make_module("rescaled", single_module.inducing, single_module.q_mean[0],
                            torch.eye(5) * 0.1,
                            standardisation=Standardisation(np.zeros(1), np.ones(1), 0.0, 2.0))
-    with pytest.raises(IncompatibleModulesError, match="'rescaled'.*standardise their targets"):
+    with pytest.raises(IncompatibleModulesError, match="'rescaled'.*output standardisation"):
         ModuleStack.from_modules({"one": single_module, "rescaled": rescaled})
     wide = make_module("wide", torch.zeros(5, 2), torch.zeros(5), torch.eye(5),
                        standardisation=Standardisation(np.zeros(2), np.ones(2), 0.0, 1.0))

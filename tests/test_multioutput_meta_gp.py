@@ -61,7 +61,7 @@ def test_one_latent_with_equal_weights_is_the_single_output_meta_gp():
     """f_k = w v with unit-variance k_v equals the meta-GP with kernel variance w²."""
     modules, weight = random_modules(), 1.7
     Z = torch.linspace(0.0, 4.0, 8).unsqueeze(-1)
-    multi = MultiOutputMetaGP(ModuleStack.from_modules(modules, shared_output=False),
+    multi = MultiOutputMetaGP(ModuleStack.from_modules(modules, "recycle-outputs"),
                               Z.unsqueeze(0), "rbf", torch.tensor([[0.6]]),
                               torch.full((3, 1), weight), jitter=JITTER)
     single = MetaGP(ModuleStack.from_modules(modules), Z,
@@ -81,7 +81,7 @@ def test_identity_mixing_decouples_the_outputs():
     optimum is every module itself."""
     Z = torch.linspace(0.0, 2.0, 5).unsqueeze(-1)
     modules = {"a": posterior_module("a", Z, 0.5), "b": posterior_module("b", Z + 3.0, 0.8)}
-    multi = MultiOutputMetaGP(ModuleStack.from_modules(modules, shared_output=False),
+    multi = MultiOutputMetaGP(ModuleStack.from_modules(modules, "recycle-outputs"),
                               torch.stack([Z, Z + 3.0]), "rbf", torch.tensor([[0.5], [0.8]]),
                               torch.eye(2), learn_inducing=False, jitter=JITTER)
 
@@ -106,7 +106,7 @@ def test_identity_mixing_decouples_the_outputs():
 def test_quadratic_form_reproduces_the_contrastive_sum():
     modules = random_modules()
     Z = torch.rand(2, 6, 1) * 4
-    multi = MultiOutputMetaGP(ModuleStack.from_modules(modules, shared_output=False), Z, "rbf",
+    multi = MultiOutputMetaGP(ModuleStack.from_modules(modules, "recycle-outputs"), Z, "rbf",
                               torch.tensor([[0.6], [1.1]]), torch.randn(3, 2) * 0.5)
     set_random_q(multi)
     precision, shift, constant = multi.bound_quadratic()
@@ -123,7 +123,7 @@ def test_large_mixing_weights_on_under_fitted_modules_trigger_the_guard():
     Z = torch.linspace(0.0, 1.0, 5).unsqueeze(-1)
     wide = {name: replace(posterior_module(name, Z, 0.3, variance=2.0),
                           q_chol=1.5 ** 0.5 * torch.eye(5).unsqueeze(0)) for name in "ab"}
-    stack = ModuleStack.from_modules(wide, shared_output=False)
+    stack = ModuleStack.from_modules(wide, "recycle-outputs")
     inducing = Z.expand(2, -1, -1)
     small = MultiOutputMetaGP(stack, inducing, "rbf", torch.tensor([[0.3], [0.3]]),
                               torch.full((2, 2), 0.5))
@@ -142,7 +142,7 @@ def test_outputs_may_have_their_own_output_standardisation():
     modules = {"a": posterior_module("a", Z, 0.5), "b": posterior_module("b", Z, 0.5, y_scale=3)}
     with pytest.raises(IncompatibleModulesError):
         ModuleStack.from_modules(modules)
-    stack = ModuleStack.from_modules(modules, shared_output=False)
+    stack = ModuleStack.from_modules(modules, "recycle-outputs")
     multi = MultiOutputMetaGP(stack, Z.unsqueeze(0), "rbf", torch.tensor([[0.5]]),
                               torch.ones(2, 1))
     X = torch.linspace(0.0, 2.0, 7).unsqueeze(-1)

@@ -16,11 +16,12 @@ import numpy as np
 import torch
 
 from pyrogp_models.data.partitioners import route
-from pyrogp_models.errors import DataError, IncompatibleModulesError, ModuleFileError
+from pyrogp_models.errors import DataError, ModuleFileError
 from pyrogp_models.likelihoods import Likelihood
 from pyrogp_models.modules.files import load_modules_from, read_index
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.stack import check_compatible
 
 
 class RoutedModules(Predictor):
@@ -48,22 +49,7 @@ class RoutedModules(Predictor):
         self.likelihood_name = first.likelihood_name
         self.standardisation = first.standardisation
         self.info = {key: first.info[key] for key in ("features", "target") if key in first.info}
-        for name, module in modules.items():
-            if (module.likelihood_name, module.num_latent) != (first.likelihood_name,
-                                                               first.num_latent):
-                raise IncompatibleModulesError(
-                    f"module '{name}' has likelihood {module.likelihood_name} with "
-                    f"{module.num_latent} latent function(s) but '{self.names[0]}' has "
-                    f"{first.likelihood_name} with {first.num_latent}; mixed likelihoods "
-                    "cannot be routed")
-            if module.input_dim != first.input_dim:
-                raise IncompatibleModulesError(
-                    f"module '{name}' has {module.input_dim} inputs but '{self.names[0]}' has "
-                    f"{first.input_dim}")
-            if module.info.get("features") != first.info.get("features"):
-                raise IncompatibleModulesError(
-                    f"module '{name}' uses features {module.info.get('features')} but "
-                    f"'{self.names[0]}' uses {first.info.get('features')}")
+        check_compatible(modules, "route")
 
     @property
     def input_dim(self) -> int:

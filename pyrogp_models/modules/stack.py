@@ -1,29 +1,39 @@
-"""A dictionary of modules as batched, cached float64 tensors, ready for a meta-GP.
+"""A dictionary of modules as batched, cached tensors: what recycling and expert combination read.
 
-Modules are grouped by their number of inducing inputs M_k (no padding); each group stacks the
-inducing inputs Z_k, the means μ_k, chol(S_k) and chol(K_kk^{(k)} + jitter_k) — the module's prior
-p_k(u_k) under its *own* kernel and jitter — and the site parameters P_k = S_k⁻¹ − K_kk^{(k)−1},
-b_k = S_k⁻¹μ_k (:func:`pyrogp_models.gaussian.expectations.site_parameters`), all computed once,
-since none
-of them changes while a meta-GP trains. Building a stack checks that the modules can be combined
-into one latent function (or, for the multi-output meta-GP, into correlated outputs).
+Modules are grouped by kernel family and number of inducing inputs M_k (no padding). Each group
+stacks the inducing inputs Z_k, the kernel hyperparameters, q(u_k) = N(μ_k, S_k) per latent
+function and chol(K_kk^{(k)} + jitter_k) — the module's prior p_k(u_k) under its *own* kernel
+and jitter — computed once, since none of them changes while a meta-GP trains or a combination
+predicts. Derived per group on first use:
 
-:func:`clip_site_precisions` is the optional repair of modules whose site precision P_k is
-indefinite, which makes the ensemble bound of Recyclable GPs (eq. 6) unbounded above.
+- the site parameters P_k = S_k⁻¹ − K_kk^{(k)−1}, b_k = S_k⁻¹μ_k of single-latent modules
+  (:func:`pyrogp_models.gaussian.expectations.site_parameters`), which the meta-GPs' bounds use;
+- the whitened posterior and L_k⁻¹ (by one triangular solve against I: batched products are
+  several times faster than batched triangular solves on CPU), with which
+  :meth:`ModuleGroup.latent` predicts every module of the group at once.
+
+Building a stack checks that the modules fit its purpose (:func:`check_compatible`):
+``"recycle"`` (one latent function, the meta-GP), ``"recycle-outputs"`` (one output each, the
+multi-output meta-GP), ``"combine"`` (the same observations, products of experts) or ``"route"``
+(one partition each). :func:`clip_site_precisions` is the optional repair of modules whose site
+precision P_k is indefinite, which makes the ensemble bound of Recyclable GPs (eq. 6) unbounded
+above.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 import torch
 
 from pyrogp_models.data import Standardisation
 from pyrogp_models.errors import CholeskyError, IncompatibleModulesError
-from pyrogp_models.gaussian.expectations import site_parameters
+from pyrogp_models.gaussian import conditionals
+from pyrogp_models.gaussian.expectations import SiteParameters, site_parameters
 from pyrogp_models.gaussian.linalg import cholesky, triangular_solve
 from pyrogp_models.kernels import PROFILES, stationary_covariance
 from pyrogp_models.likelihoods import LIKELIHOODS
@@ -33,41 +43,60 @@ from pyrogp_models.modules.record import Module
 STANDARDISATION_RTOL = 1e-9
 #: A site precision counts as indefinite when a singular value of L_pk⁻¹L_k exceeds 1 + this.
 SITE_TOLERANCE = 1e-8
+#: What a stack is for (see :func:`check_compatible`).
+PURPOSES = ("recycle", "recycle-outputs", "combine", "route")
 
 
 @dataclass(frozen=True, eq=False)
 class ModuleGroup:
-    """The modules of a stack that share M_k, stacked along dim 0 (G modules).
-
-    The site parameters are derived from μ_k, S_k and K_kk^{(k)} when the group is built (and
-    again by :func:`dataclasses.replace`).
-    """
+    """The G modules of a stack that share kernel family and M_k, stacked along dim 0, with L
+    latent functions each."""
 
     names: tuple[str, ...]
     indices: torch.Tensor  # positions in the stack's module order, [G]
+    family: str
     inducing: torch.Tensor  # Z_k, [G, M_k, D]
-    mean: torch.Tensor  # μ_k, [G, M_k]
-    chol: torch.Tensor  # chol S_k, [G, M_k, M_k]
-    prior_chol: torch.Tensor  # chol(K_kk^{(k)} + jitter_k), [G, M_k, M_k]
-    site_precision: torch.Tensor = field(init=False, repr=False)  # P_k, [G, M_k, M_k]
-    site_shift: torch.Tensor = field(init=False, repr=False)  # b_k = S_k⁻¹μ_k, [G, M_k]
-    # μ_kᵀS_k⁻¹μ_k + log|S_k| − log|K_kk^{(k)}|, [G]
-    site_constant: torch.Tensor = field(init=False, repr=False)
-
-    def __post_init__(self):
-        sites = site_parameters(self.mean, self.chol, self.prior_chol)
-        object.__setattr__(self, "site_precision", sites.precision)
-        object.__setattr__(self, "site_shift", sites.shift)
-        object.__setattr__(self, "site_constant", sites.constant)
+    lengthscale: torch.Tensor  # [G, L, D]
+    variance: torch.Tensor  # [G, L]
+    mean: torch.Tensor  # μ_k, [G, L, M_k]
+    chol: torch.Tensor  # chol S_k, [G, L, M_k, M_k]
+    prior_chol: torch.Tensor  # chol(K_kk^{(k)} + jitter_k), [G, L, M_k, M_k]
 
     @property
     def num_inducing(self) -> int:
         return self.inducing.shape[-2]
 
+    def first_latent(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(μ_k [G, M_k], chol S_k, chol K_kk^{(k)} [G, M_k, M_k]) of the first latent function,
+        the only one of modules that are recycled."""
+        return self.mean[:, 0], self.chol[:, 0], self.prior_chol[:, 0]
+
+    @cached_property
+    def sites(self) -> SiteParameters:
+        """P_k [G, M_k, M_k], b_k [G, M_k] and the constant [G] of single-latent modules."""
+        return site_parameters(*self.first_latent())
+
+    @cached_property
+    def _whitened(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """L_k⁻¹ and the whitened q(v_k): mean [G, L, M], Cholesky factor [G, L, M, M]."""
+        eye = torch.eye(self.num_inducing, dtype=self.mean.dtype, device=self.mean.device)
+        mean_w, chol_w = conditionals.whiten(self.prior_chol, self.mean, self.chol)
+        return triangular_solve(self.prior_chol, eye), mean_w, chol_w
+
+    def latent(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q(f) marginals at X [N, D] (model units) of every module: mean, var [G, L, N]."""
+        inverse_prior_chol, mean_w, chol_w = self._whitened
+        cross = stationary_covariance(self.family, self.inducing.unsqueeze(1), X,
+                                      self.lengthscale, self.variance)  # [G, L, M, N]
+        prior_diag = self.variance.unsqueeze(-1).expand(*self.variance.shape, X.shape[0])
+        return conditionals.whitened_conditional(inverse_prior_chol @ cross, prior_diag, mean_w,
+                                                 chol_w)
+
 
 @dataclass(frozen=True, eq=False)
 class ModuleStack:
-    """Modules (in float64, in the given order) and their cached tensors grouped by M_k.
+    """Modules (converted to one dtype and device, in the given order) and their cached tensors
+    grouped by kernel family and M_k.
 
     ``standardisation`` is the modules' common input standardisation, with the output
     standardisation of the target-standardising modules when they share one latent function.
@@ -78,28 +107,29 @@ class ModuleStack:
     standardisation: Standardisation
 
     @classmethod
-    def from_modules(cls, modules: Mapping[str, Module], shared_output: bool = True,
+    def from_modules(cls, modules: Mapping[str, Module], purpose: str = "recycle",
                      dtype: torch.dtype = torch.float64, device=None) -> ModuleStack:
-        """Check compatibility (see :func:`check_compatible`), convert and cache.
-
-        ``shared_output``: the modules observe one latent function (the meta-GP), so modules with
-        standardised targets must share their output standardisation; ``False`` for the
-        multi-output meta-GP, where each module is its own output.
-        """
-        check_compatible(modules, shared_output)
+        """Check the modules fit ``purpose`` (:func:`check_compatible`), convert and cache."""
+        check_compatible(modules, purpose)
         converted = {name: _converted(module, dtype, device) for name, module in modules.items()}
         names = list(converted)
+        kinds: dict[tuple[str, int], list[int]] = {}
+        for k, module in enumerate(converted.values()):
+            kinds.setdefault((module.kernel_family, module.num_inducing), []).append(k)
         groups = []
-        for size in sorted({module.num_inducing for module in converted.values()}):
-            members = [k for k, name in enumerate(names) if converted[name].num_inducing == size]
+        for (family, _), members in sorted(kinds.items(), key=lambda item: item[0][::-1]):
             group = [converted[names[k]] for k in members]
             groups.append(ModuleGroup(
                 names=tuple(names[k] for k in members),
-                indices=torch.as_tensor(members, device=device),
+                indices=torch.as_tensor(members, device=device), family=family,
                 inducing=torch.stack([m.inducing for m in group]),
-                mean=torch.stack([m.q_mean[0] for m in group]),
-                chol=torch.stack([m.q_chol[0] for m in group]),
+                lengthscale=torch.stack([m.lengthscale.expand(m.num_latent, m.input_dim)
+                                         for m in group]),
+                variance=torch.stack([m.variance for m in group]),
+                mean=torch.stack([m.q_mean for m in group]),
+                chol=torch.stack([m.q_chol for m in group]),
                 prior_chol=_prior_choleskies(group)))
+        shared_output = purpose in ("recycle", "combine")
         return cls(converted, tuple(groups), _common_standardisation(converted, shared_output))
 
     @property
@@ -115,6 +145,10 @@ class ModuleStack:
         return next(iter(self.modules.values())).input_dim
 
     @property
+    def num_latent(self) -> int:
+        return next(iter(self.modules.values())).num_latent
+
+    @property
     def num_data(self) -> int:
         """Σ_k N_k."""
         return sum(module.num_data for module in self.modules.values())
@@ -123,6 +157,21 @@ class ModuleStack:
     def elbo_sum(self) -> float:
         """Σ_k L_k, the modules' final ELBOs."""
         return float(sum(module.elbo for module in self.modules.values()))
+
+    def latent(self, X: torch.Tensor, chunk_entries: int = 1 << 21
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every module's q(f) marginals at X [N, D] (model units): mean, var [K, L, N], in
+        chunks of test points of about ``chunk_entries`` cross-covariance entries per group."""
+        N = X.shape[0]
+        mean = X.new_empty((self.num_modules, self.num_latent, N))
+        var = torch.empty_like(mean)
+        for group in self.groups:
+            chunk = max(1, chunk_entries // (group.num_inducing * len(group.names)
+                                             * self.num_latent))
+            for start in range(0, N, chunk):
+                rows = slice(start, start + chunk)
+                mean[group.indices, :, rows], var[group.indices, :, rows] = group.latent(X[rows])
+        return mean, var
 
     def indefinite_sites(self) -> list[str]:
         """Modules whose site precision P_k is indefinite: S_k is wider than the module's own
@@ -133,6 +182,10 @@ class ModuleStack:
             found += [name for name, s in zip(group.names, widest.tolist(), strict=True)
                       if s > 1.0 + SITE_TOLERANCE]
         return found
+
+    def most_common_kernel(self) -> str:
+        """The kernel family used by most modules (the first one on ties)."""
+        return Counter(m.kernel_family for m in self.modules.values()).most_common(1)[0][0]
 
 
 def _converted(module: Module, dtype: torch.dtype, device) -> Module:
@@ -146,22 +199,22 @@ def _converted(module: Module, dtype: torch.dtype, device) -> Module:
 
 
 def _prior_choleskies(group: list[Module]) -> torch.Tensor:
-    """chol(K_kk^{(k)} + jitter_k) of modules with one M_k, [G, M_k, M_k]: batched over the
-    modules that share kernel family, jitter and lengthscale shape (the same factors as
+    """chol(K_kk^{(k)} + jitter_k) of modules with one kernel family and M_k, [G, L, M_k, M_k]:
+    batched over the modules that share jitter and lengthscale shape (the same factors as
     :meth:`Module.prior_cholesky`, whose error names the module when one fails)."""
     kinds: dict[tuple, list[int]] = {}
     for k, module in enumerate(group):
-        kinds.setdefault((module.kernel_family, module.jitter, module.lengthscale.shape[-1]),
-                         []).append(k)
-    first = group[0].inducing
-    out = first.new_empty(len(group), first.shape[-2], first.shape[-2])
-    for (family, jitter, _), members in kinds.items():
-        inducing = torch.stack([group[k].inducing for k in members])
-        lengthscale = torch.stack([group[k].lengthscale[0] for k in members])
-        variance = torch.stack([group[k].variance[0] for k in members])
+        kinds.setdefault((module.jitter, module.lengthscale.shape[-1]), []).append(k)
+    first = group[0]
+    size = first.num_inducing
+    out = first.inducing.new_empty(len(group), first.num_latent, size, size)
+    for (jitter, _), members in kinds.items():
+        inducing = torch.stack([group[k].inducing for k in members]).unsqueeze(1)
+        lengthscale = torch.stack([group[k].lengthscale for k in members])
+        variance = torch.stack([group[k].variance for k in members])
         try:
-            chol = cholesky(stationary_covariance(family, inducing, inducing, lengthscale,
-                                                  variance), jitter)
+            chol = cholesky(stationary_covariance(first.kernel_family, inducing, inducing,
+                                                  lengthscale, variance), jitter)
         except CholeskyError:
             for k in members:  # raise the error that names the module
                 group[k].prior_cholesky()
@@ -170,65 +223,92 @@ def _prior_choleskies(group: list[Module]) -> torch.Tensor:
     return out
 
 
-def check_compatible(modules: Mapping[str, Module], shared_output: bool = True) -> None:
-    """Raise :class:`IncompatibleModulesError`, naming the modules, unless every module has one
-    latent function, a known kernel family and likelihood, the same input dimension and the same
-    input standardisation (and, with ``shared_output``, the same output standardisation among
-    modules whose likelihood standardises its targets)."""
+# Compatibility --------------------------------------------------------------------------------
+Check = tuple[str, Callable[[Module], object]]
+
+#: What every purpose needs of all modules alike, compared with the first module.
+_SAME: dict[str, tuple[Check, ...]] = {
+    "recycle": (("input dimension", lambda m: m.input_dim),),
+    "recycle-outputs": (("input dimension", lambda m: m.input_dim),),
+    "combine": (("likelihood", lambda m: (m.likelihood_name, m.likelihood_options)),
+                ("number of latent functions", lambda m: m.num_latent),
+                ("input dimension", lambda m: m.input_dim),
+                ("features", lambda m: m.info.get("features"))),
+    "route": (("likelihood and number of latent functions",
+               lambda m: (m.likelihood_name, m.num_latent)),
+              ("input dimension", lambda m: m.input_dim),
+              ("features", lambda m: m.info.get("features"))),
+}
+
+
+def check_compatible(modules: Mapping[str, Module], purpose: str = "recycle") -> None:
+    """Raise :class:`IncompatibleModulesError`, naming the modules, unless they fit ``purpose``:
+
+    - every purpose: a known kernel family and likelihood;
+    - ``"recycle"``, ``"recycle-outputs"``: one latent function each, the same input dimension
+      and input standardisation; for ``"recycle"`` also the same output standardisation among
+      modules whose likelihood standardises its targets (their latent functions are one);
+    - ``"combine"``: the same likelihood (name and options), number of latent functions, input
+      dimension, features and standardisation of inputs and targets;
+    - ``"route"``: the same likelihood family, number of latent functions, input dimension and
+      features.
+    """
+    if purpose not in PURPOSES:
+        raise ValueError(f"unknown purpose '{purpose}'; choose from {PURPOSES}")
     if not modules:
         raise IncompatibleModulesError("no modules to combine")
     names = list(modules)
-
-    def differ(what: str, key) -> None:
-        odd = _odd_ones(names, [key(modules[name]) for name in names])
-        if odd:
-            raise IncompatibleModulesError(
-                f"modules {_listing(odd)} differ from module '{names[0]}' in {what}")
-
-    several = [name for name in names if modules[name].num_latent != 1]
-    if several:
-        raise IncompatibleModulesError(
-            f"modules {_listing(several)} have several latent functions; only single-latent "
-            "modules can be recycled")
     unknown = [name for name in names if modules[name].likelihood_name not in LIKELIHOODS
                or modules[name].kernel_family not in PROFILES]
     if unknown:
         raise IncompatibleModulesError(
-            f"modules {_listing(unknown)} have an unknown likelihood or kernel family")
-    differ("input dimension", lambda m: m.input_dim)
-    differ("input standardisation (x_mean, x_scale)",
-           lambda m: np.concatenate([m.standardisation.x_mean, m.standardisation.x_scale]))
-    if shared_output:
-        standardised = [name for name in names
-                        if LIKELIHOODS[modules[name].likelihood_name].standardise_targets]
-        if standardised:
-            odd = _odd_ones(standardised, [(modules[name].standardisation.y_mean,
-                                             modules[name].standardisation.y_scale)
-                                            for name in standardised])
-            if odd:
-                raise IncompatibleModulesError(
-                    f"modules {_listing(odd)} standardise their targets differently from module "
-                    f"'{standardised[0]}', so their latent functions are in different units")
+            f"modules {listing(unknown)} have an unknown likelihood or kernel family")
+    if purpose.startswith("recycle"):
+        several = [name for name in names if modules[name].num_latent != 1]
+        if several:
+            raise IncompatibleModulesError(
+                f"modules {listing(several)} have several latent functions; only single-latent "
+                "modules can be recycled")
+    for what, key in _SAME[purpose]:
+        odd = _odd_ones(names, [key(modules[name]) for name in names], exact=True)
+        if odd:
+            raise IncompatibleModulesError(
+                f"modules {listing(odd)} differ from module '{names[0]}' in {what}")
+    if purpose == "route":
+        return
+    shared = [name for name in names if purpose == "combine"
+              or LIKELIHOODS[modules[name].likelihood_name].standardise_targets]
+    checks = [(names, "input standardisation (x_mean, x_scale)",
+               lambda s: np.concatenate([s.x_mean, s.x_scale]))]
+    if purpose != "recycle-outputs" and shared:
+        checks.append((shared, "output standardisation (y_mean, y_scale), so their latent "
+                               "functions are in different units", lambda s: (s.y_mean, s.y_scale)))
+    for members, what, key in checks:
+        odd = _odd_ones(members, [key(modules[name].standardisation) for name in members])
+        if odd:
+            raise IncompatibleModulesError(
+                f"modules {listing(odd)} differ from module '{members[0]}' in {what}")
 
 
-def _same(value, reference) -> bool:
-    return bool(np.allclose(value, reference, rtol=STANDARDISATION_RTOL, atol=0.0))
-
-
-def _odd_ones(names: list[str], values: list) -> list[str]:
-    """The names whose value differs from the first one's (:func:`_same`), compared in one
-    vectorised test when the values have one shape."""
+def _odd_ones(names: list[str], values: list, exact: bool = False) -> list[str]:
+    """The names whose value differs from the first one's: equal (``exact``), or close within
+    :data:`STANDARDISATION_RTOL` (compared in one vectorised test when the values have one
+    shape)."""
+    if exact:
+        return [name for name, value in zip(names, values, strict=True) if value != values[0]]
     try:
         stacked = np.asarray(values, dtype=np.float64)
     except ValueError:  # ragged: compare one by one
         return [name for name, value in zip(names, values, strict=True)
-                if not _same(value, values[0])]
+                if np.shape(value) != np.shape(values[0])
+                or not np.allclose(value, values[0], rtol=STANDARDISATION_RTOL, atol=0.0)]
     close = np.isclose(stacked, stacked[0], rtol=STANDARDISATION_RTOL, atol=0.0)
     return [name for name, same in zip(names, close.reshape(len(names), -1).all(-1),
                                        strict=True) if not same]
 
 
-def _listing(names: list[str], limit: int = 5) -> str:
+def listing(names: list[str], limit: int = 5) -> str:
+    """Up to ``limit`` quoted names, then how many more."""
     shown = ", ".join(f"'{name}'" for name in names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
@@ -242,15 +322,11 @@ def _common_standardisation(modules: dict[str, Module], shared_output: bool) -> 
     return Standardisation(first.x_mean, first.x_scale, 0.0, 1.0)
 
 
-def most_common_kernel(stack: ModuleStack) -> str:
-    """The kernel family used by most modules (the first one on ties)."""
-    return Counter(m.kernel_family for m in stack.modules.values()).most_common(1)[0][0]
-
-
 # Repair of indefinite sites -----------------------------------------------------------------
 def _whitened_singular_values(group: ModuleGroup) -> tuple[torch.Tensor, torch.Tensor]:
     """U and σ of T = L_pk⁻¹ L_k = U diag(σ) Vᵀ: L_pk⁻¹ S_k L_pk⁻ᵀ = U diag(σ²) Uᵀ."""
-    U, singular, _ = torch.linalg.svd(triangular_solve(group.prior_chol, group.chol))
+    _, chol, prior_chol = group.first_latent()
+    U, singular, _ = torch.linalg.svd(triangular_solve(prior_chol, chol))
     return U, singular
 
 
@@ -266,18 +342,20 @@ def clip_site_precisions(stack: ModuleStack) -> tuple[ModuleStack, dict[str, int
     """
     groups, clipped = [], {}
     for group in stack.groups:
+        mean, chol, prior_chol = group.first_latent()
         U, singular = _whitened_singular_values(group)
         variance = singular.square().clamp_max(1.0)
-        whitened_mean = triangular_solve(group.prior_chol, group.mean.unsqueeze(-1))
+        whitened_mean = triangular_solve(prior_chol, mean.unsqueeze(-1))
         shrink = variance / singular.square()
-        repaired_mean = group.prior_chol @ (U @ (shrink.unsqueeze(-1) * (U.mT @ whitened_mean)))
-        root = group.prior_chol @ (U * variance.sqrt().unsqueeze(-2))  # S_k' = root rootᵀ
+        repaired_mean = prior_chol @ (U @ (shrink.unsqueeze(-1) * (U.mT @ whitened_mean)))
+        root = prior_chol @ (U * variance.sqrt().unsqueeze(-2))  # S_k' = root rootᵀ
         _, upper = torch.linalg.qr(root.mT)  # rootᵀ = QR, so S_k' = RᵀR with no jitter
         repaired_chol = upper.mT * upper.diagonal(dim1=-2, dim2=-1).sign().unsqueeze(-2)
         counts = (singular > 1.0 + SITE_TOLERANCE).sum(-1)
         needs = counts > 0
         groups.append(replace(
-            group, mean=torch.where(needs.unsqueeze(-1), repaired_mean.squeeze(-1), group.mean),
-            chol=torch.where(needs.unsqueeze(-1).unsqueeze(-1), repaired_chol, group.chol)))
+            group,
+            mean=torch.where(needs[:, None], repaired_mean.squeeze(-1), mean).unsqueeze(1),
+            chol=torch.where(needs[:, None, None], repaired_chol, chol).unsqueeze(1)))
         clipped.update(zip(group.names, counts.tolist(), strict=True))
     return replace(stack, groups=tuple(groups)), clipped

@@ -20,7 +20,7 @@ from .barycenter import (
     w2_squared_1d,
 )
 from .exact import ExactExperts, grbcm_rows
-from .module_experts import ModuleExperts, check_same_observations
+from .module_experts import ModuleExperts
 from .predictor import SPACES, ExpertCombination
 from .rules import PRESETS, RULES, bcm, combine, combine_in_y_space, gpoe, grbcm, poe, rbcm
 from .weights import (
@@ -48,7 +48,6 @@ __all__ = [
     "barycenter_paper",
     "barycenter_w2",
     "bcm",
-    "check_same_observations",
     "combine",
     "combine_in_y_space",
     "differential_entropy",

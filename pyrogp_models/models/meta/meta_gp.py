@@ -83,7 +83,7 @@ def score_modules(stack: ModuleStack, predictives: list[tuple[torch.Tensor, torc
     terms = predictives[0][0].new_zeros(stack.num_modules)
     for group, (mean_c, cov_c) in zip(stack.groups, predictives, strict=True):
         terms = terms.index_put((group.indices,), contrastive_expectation(
-            mean_c, cov_c, group.mean, group.chol, group.prior_chol))
+            mean_c, cov_c, *group.first_latent()))
     return terms
 
 
@@ -168,8 +168,8 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
             return
         dim = self.stack.input_dim
         self._site_inputs = torch.cat([g.inducing.reshape(-1, dim) for g in groups])
-        self._site_shift = torch.cat([g.site_shift.reshape(-1) for g in groups])
-        self._site_constant = sum(g.site_constant.sum() for g in groups)
+        self._site_shift = torch.cat([g.sites.shift.reshape(-1) for g in groups])
+        self._site_constant = sum(g.sites.constant.sum() for g in groups)
 
     # Gaussian algebra -------------------------------------------------------------------------
     def prior_cholesky(self) -> torch.Tensor:
@@ -197,9 +197,9 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         # K_·* [N, M]; for the RBF one thin product and one exponential
         # (pyrogp_models.kernels.fused_rbf)
         cross = self.kernel.weighted_cross(self._site_inputs, self.inducing)
-        site_trace = sum((group.site_precision * self.kernel(group.inducing)).sum()
+        site_trace = sum((group.sites.precision * self.kernel(group.inducing)).sum()
                          for group in self._groups)  # Σ_k tr(P_k K_kk^{(*)})
-        return site_quadratic(cross, prior_chol, [g.site_precision for g in self._groups],
+        return site_quadratic(cross, prior_chol, [g.sites.precision for g in self._groups],
                               self._site_shift, site_trace, self._site_constant)
 
     def contrastive_predictives(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

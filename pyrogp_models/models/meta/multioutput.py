@@ -52,7 +52,7 @@ class MultiOutputMetaGP(OneLayer, BoundednessGuard, PyroModule):
     """An LMC meta-GP over modules, one output per module.
 
     Args:
-        stack: the modules, built with ``shared_output=False``.
+        stack: the modules, built for ``purpose="recycle-outputs"``.
         inducing: initial Z_q [Q, M, D] (model units).
         family: kernel family of every latent function.
         lengthscale: initial lengthscales [Q, D] (ARD) or [Q, 1].
@@ -154,8 +154,7 @@ class MultiOutputMetaGP(OneLayer, BoundednessGuard, PyroModule):
         shift, constant = prior_chol.new_zeros(total), prior_chol.new_zeros(())
         for group, projection, prior_cov in self._module_terms(prior_chol):
             stacked = projection.transpose(0, 1).reshape(len(group.names), total, -1)
-            part = contrastive_quadratic(stacked, prior_cov.sum(0), group.mean, group.chol,
-                                   group.prior_chol)
+            part = contrastive_quadratic(stacked, prior_cov.sum(0), *group.first_latent())
             precision, shift, constant = (precision + part.precision, shift + part.shift,
                                           constant + part.constant)
         return ContrastiveQuadratic(precision, shift, constant)
