@@ -8,10 +8,12 @@ modules under the names and in the order of the global partition.
 
 Every chunk uses what the in-process fit would use: the standardisation of *all* the data (so the
 modules can be recycled together) and the initial inducing inputs, both computed here on the
-client. A per-partition objective, Adam and full-batch training make the partitions' trajectories
-independent, so with ``config.tol=None`` the distributed modules equal the in-process ones to
-rounding. Convergence is judged per chunk (on the chunk's summed loss); L-BFGS line searches and
-minibatch draws are shared by the partitions of one batch, so there chunking changes the path.
+client. A per-partition objective and full-batch training make the partitions' trajectories
+independent: the batched L-BFGS of the collapsed bound keeps one memory and one line search per
+partition and stops each partition on its own test, so the distributed modules equal the
+in-process ones to rounding. With Adam convergence is judged per chunk (on the chunk's summed
+loss), so chunks may stop at other steps (``config.tol=None`` makes them equal); minibatch draws
+are shared by the partitions of one batch, so there chunking changes the path.
 """
 
 from __future__ import annotations

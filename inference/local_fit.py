@@ -11,7 +11,7 @@ modules of a random partition, which have no region, are combined by rBCM instea
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -30,6 +30,16 @@ from pyrogp_models.modules.routing import as_predictor
 
 #: The product-of-experts rule that combines modules of a random partition.
 RANDOM_PARTITION_RULE = "rbcm"
+#: Gaussian likelihoods: the collapsed bound, fitted by L-BFGS with one memory and one step
+#: length per partition (:mod:`inference.batched_lbfgs`); it stops when every partition's bound
+#: changes by less than 1e-6 (relative) over 10 iterations.
+COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, window=10, tol=1e-6)
+#: Other likelihoods (and the uncollapsed bound): a safeguarded unit natural-gradient step on
+#: every q(u) before each Adam step on the other parameters.
+UNCOLLAPSED_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=50, tol=1e-6,
+                                 natural_gradient_lr=1.0)
+#: The natural-gradient step size with minibatches (a unit step would follow one batch's noise).
+MINIBATCH_NATURAL_GRADIENT = 0.2
 
 
 class PartitionedData(NamedTuple):
@@ -45,7 +55,11 @@ class LocalFitSpec:
     """What to fit in every partition (see :class:`~pyrogp_models.models.local.local_gps.
     LocalGPs`); ``names`` and ``info`` label the exported modules. A fit split over workers
     passes the ``standardisation`` and the initial ``inducing`` inputs (model units, one
-    [M_k, D] per partition) computed from all the data."""
+    [M_k, D] per partition) computed from all the data.
+
+    ``collapsed=None`` (the default) is the collapsed bound for a Gaussian likelihood without
+    minibatches and the uncollapsed ELBO otherwise; ``noise=None`` initialises every
+    partition's Gaussian noise from its own data (:class:`LocalGPs`)."""
 
     num_inducing: int | Sequence[int] = 10
     likelihood: str = "gaussian"
@@ -54,9 +68,9 @@ class LocalFitSpec:
     ard: bool = False
     inducing_init: str = "kmeans"
     learn_inducing: bool = True
-    collapsed: bool = False
+    collapsed: bool | None = None
     batch_size: int | None = None
-    noise: float = 0.1
+    noise: float | None = None
     dtype: torch.dtype = torch.float64
     device: str | torch.device = "cpu"
     names: Sequence[str] | None = None
@@ -95,17 +109,39 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
     the standardisation."""
     X, y, partition = data
     spec = spec or LocalFitSpec()
-    config = config or TrainConfig()
+    config = config or default_config(spec)
     X_model, y_model, standardisation = model_inputs(X, y, spec, spec.standardisation)
     model = LocalGPs(X_model, y_model, partition, spec.num_inducing, spec.likelihood,
                      spec.likelihood_options, spec.kernel, spec.ard, spec.inducing_init,
-                     spec.learn_inducing, spec.collapsed, spec.batch_size, noise=spec.noise,
-                     generator=seeded_generator(config, spec), inducing=spec.inducing)
+                     spec.learn_inducing, collapsed_bound(spec), spec.batch_size,
+                     noise=spec.noise, generator=seeded_generator(config, spec),
+                     inducing=spec.inducing)
     result = train(model, config=config)
+    converged = model.partition_values(result.member_converged or [])
     modules = model.to_modules(standardisation, spec.names,
                                info={"partition_rule": partition.rule.get("kind"),
                                      **(spec.info or {})})
+    for k, module in enumerate(modules.values()):
+        module.info["converged"] = bool(converged[k]) if converged else result.converged
     return model, result, modules, standardisation
+
+
+def collapsed_bound(spec: LocalFitSpec) -> bool:
+    """Whether the fit uses the collapsed bound: as asked, else for a Gaussian likelihood
+    without minibatches."""
+    if spec.collapsed is not None:
+        return spec.collapsed
+    return spec.likelihood == "gaussian" and spec.batch_size is None
+
+
+def default_config(spec: LocalFitSpec) -> TrainConfig:
+    """:data:`COLLAPSED_CONFIG` for the collapsed bound, else :data:`UNCOLLAPSED_CONFIG` (with
+    minibatches a natural-gradient step of :data:`MINIBATCH_NATURAL_GRADIENT`)."""
+    if collapsed_bound(spec):
+        return COLLAPSED_CONFIG
+    if spec.batch_size is not None:
+        return replace(UNCOLLAPSED_CONFIG, natural_gradient_lr=MINIBATCH_NATURAL_GRADIENT)
+    return UNCOLLAPSED_CONFIG
 
 
 def local_predictor(modules: dict[str, Module], partition: Partition) -> Predictor:

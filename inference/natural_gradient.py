@@ -60,7 +60,7 @@ class NaturalGradient:
         self.gamma = gamma
         self.targets = _objectives(module)
         self.parameters = [p for layer, _ in self.targets for p in layer.variational_parameters()]
-        self.steps: dict[int, torch.Tensor] = {}
+        self.steps: dict[int, torch.Tensor] = {}  # per safeguarded layer: step size per member
 
     def __call__(self, loss_fn: Callable[[], torch.Tensor]) -> None:
         loss = loss_fn()
@@ -71,6 +71,16 @@ class NaturalGradient:
                 # the loss is −L; q_mean is unconstrained
                 direction = (-mean_grad, -covariance_gradient(layer.q_sqrt, sqrt_grad))
                 self._step(layer, objective, direction)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The safeguarded layers' step sizes, by layer position (for checkpoints)."""
+        return {str(index): self.steps[id(layer)] for index, (layer, _) in enumerate(self.targets)
+                if id(layer) in self.steps}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for index, (layer, _) in enumerate(self.targets):
+            if str(index) in state:
+                self.steps[id(layer)] = state[str(index)]
 
     def _step(self, layer: SparseGPLayer, objective: Objective,
               direction: tuple[torch.Tensor, torch.Tensor]) -> None:

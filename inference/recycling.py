@@ -51,7 +51,8 @@ class RecycleSpec:
     """How to build the meta-GP.
 
     ``num_inducing``: M of the meta-GP. ``collapsed``: learn ψ_*, Z_* on the collapsed bound
-    L_E^* (q(v) at its optimum; Gaussian raw data only). ``kernel``/``ard``: the global kernel
+    L_E^* (q(v) at its optimum); the default ``None`` is the collapsed bound unless raw data with
+    a non-Gaussian likelihood are fitted too. ``kernel``/``ard``: the global kernel
     family and ARD flag (default: the modules' most common family; ARD if any module is ARD).
     ``inducing_init``: ``"kmeans"`` or ``"grid"``.
     ``on_unbounded``: ``"raise"`` or ``"warn"`` when the bound is unbounded above;
@@ -61,7 +62,7 @@ class RecycleSpec:
     """
 
     num_inducing: int = 35
-    collapsed: bool = False
+    collapsed: bool | None = None
     kernel: str | None = None
     ard: bool | None = None
     inducing_init: str = "kmeans"
@@ -75,6 +76,22 @@ class RecycleSpec:
     name: str = "meta"
     dtype: torch.dtype = torch.float64
     device: str | torch.device = "cpu"
+
+
+#: The collapsed bound: full-batch L-BFGS (each step up to 20 iterations with a strong-Wolfe
+#: line search), stopping when the bound changes by less than 1e-7 (relative) over 2 steps.
+COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=30, window=2, tol=1e-7)
+#: The uncollapsed bound: a unit natural-gradient step on q(v) (exact for modules and Gaussian
+#: raw data, safeguarded otherwise) before each Adam step on the kernel and Z_*.
+UNCOLLAPSED_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=50, tol=1e-6,
+                                 natural_gradient_lr=1.0)
+
+
+def uses_collapsed_bound(spec: RecycleSpec, raw_data: RawData | None = None) -> bool:
+    """As asked, else the collapsed bound unless non-Gaussian raw data are fitted too."""
+    if spec.collapsed is not None:
+        return spec.collapsed
+    return raw_data is None or raw_data.likelihood == "gaussian"
 
 
 @dataclass
@@ -97,8 +114,8 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
     model evaluations) and after training.
     """
     spec = spec or RecycleSpec()
-    num_inducing, collapsed = spec.num_inducing, spec.collapsed
-    config = config or TrainConfig()
+    num_inducing, collapsed = spec.num_inducing, uses_collapsed_bound(spec, raw_data)
+    config = config or (COLLAPSED_CONFIG if collapsed else UNCOLLAPSED_CONFIG)
     stack = (ModuleStack.from_modules(modules, dtype=spec.dtype, device=spec.device)
              if modules else None)
     repairs: dict[str, int] = {}
@@ -241,7 +258,7 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
     :func:`initial_mixing`); q starts at the mean-field optimum.
     """
     spec = spec or RecycleSpec()
-    config = config or TrainConfig()
+    config = config or UNCOLLAPSED_CONFIG
     stack = ModuleStack.from_modules(modules, "recycle-outputs", dtype=spec.dtype,
                                      device=spec.device)
     if spec.repair_sites:

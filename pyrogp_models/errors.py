@@ -38,3 +38,16 @@ class UnboundedBoundError(PyrogpError):
         super().__init__(message)
         self.smallest = smallest
         self.modules = list(modules)
+
+
+class NotConvergedWarning(UserWarning):
+    """A fit stopped at its step limit (or time budget) before its convergence test passed.
+
+    ``steps`` is where it stopped, ``change`` the relative change of the loss over the last
+    window (the largest over independent members), ``tolerance`` the test's threshold and
+    ``members`` how many of the independent members (partitions) had not converged."""
+
+    def __init__(self, message: str, steps: int, change: float, tolerance: float,
+                 members: int = 0):
+        super().__init__(message)
+        self.steps, self.change, self.tolerance, self.members = steps, change, tolerance, members

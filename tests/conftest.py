@@ -1,5 +1,6 @@
-"""Shared test settings: float64 by default, module-local Pyro parameters, fixed seeds, one torch
-thread; a scratch-folder fixture for the modules that ask for it."""
+"""Shared test settings: float64 by default, Pyro's default (global) parameter store cleared
+before every test, fixed seeds, one torch thread; a scratch-folder fixture for the modules that
+ask for it."""
 
 import pyro
 import pytest
@@ -8,7 +9,6 @@ import torch
 # helpers.py holds asserting helpers shared by several test modules: rewrite its asserts too.
 pytest.register_assert_rewrite("helpers")
 
-pyro.settings.set(module_local_params=True)
 # The test problems are small: one thread avoids hand-off costs that dominate on a busy machine.
 torch.set_num_threads(1)
 
@@ -18,6 +18,7 @@ def float64_and_seed():
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     pyro.set_rng_seed(0)
+    pyro.clear_param_store()
     yield
     torch.set_default_dtype(previous)
 

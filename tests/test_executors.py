@@ -139,11 +139,20 @@ def test_cli_on_a_running_scheduler_matches_the_in_process_cli(client, tmp_path,
     path = tmp_path / "data.csv"
     np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="x1,x2,y", comments="")
     common = ["fit-local", str(path), "--target", "y", "--partitions", "4", "--partition-by",
-              "contiguous", "--inducing", "5", "--steps", "30", "--seed", "2"]
+              "contiguous", "--inducing", "5", "--seed", "2"]
     assert main([*common, "--out", str(tmp_path / "local")]) == 0
     address = client.scheduler.address
     assert main([*common, "--scheduler", address, "--out", str(tmp_path / "dask")]) == 0
-    assert_same_modules(load_modules(tmp_path / "local"), load_modules(tmp_path / "dask"))
+    # The default fit (collapsed bound, batched L-BFGS) runs every partition to its own
+    # convergence test; rounding that differs between batch sizes can flip a line-search
+    # decision, so the two runs meet at the same optimum rather than along the same path.
+    local, dask = load_modules(tmp_path / "local"), load_modules(tmp_path / "dask")
+    assert list(dask) == list(local)
+    for name, module in local.items():
+        assert module.info["converged"] and dask[name].info["converged"]
+        assert dask[name].elbo == pytest.approx(module.elbo, rel=1e-5)  # both within 1e-6
+        np.testing.assert_allclose(dask[name].predict_y(X)[0].numpy(),
+                                   module.predict_y(X)[0].numpy(), atol=1e-3 * y.std())
 
 
 def test_cli_rejects_bad_distribution_options(capsys, tmp_path, monkeypatch, data):

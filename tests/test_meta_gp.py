@@ -403,7 +403,8 @@ def test_site_repair_makes_the_bound_bounded():
         whitened = torch.linalg.solve_triangular(prior_chol, chol, upper=False)
         assert torch.linalg.matrix_norm(whitened, ord=2).max() <= 1 + 1e-9
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=4, window=2)
-    fit = recycle(overlapping_unit_modules(), RecycleSpec(8, repair_sites=True), config)
+    fit = recycle(overlapping_unit_modules(),
+                  RecycleSpec(8, collapsed=False, repair_sites=True), config)
     meta, module, result = fit.model, fit.module, fit.result
     assert meta.min_precision_eigenvalue() >= 1 - 1e-9
     assert math.isfinite(result.final_loss) and math.isfinite(module.elbo)

@@ -170,7 +170,7 @@ def test_a_batched_step_equals_steps_on_each_partition_alone(likelihood):
 
 def test_training_with_natural_steps_beats_adam_after_few_steps():
     x, y, partition = data("gaussian", sizes=(30, 45, 60))
-    spec = LocalFitSpec(num_inducing=6)
+    spec = LocalFitSpec(num_inducing=6, collapsed=False)
     adam = fit_local((x.numpy(), y.numpy(), partition), spec, TrainConfig(steps=30, tol=None))
     natural = fit_local((x.numpy(), y.numpy(), partition), spec,
                         TrainConfig(steps=30, tol=None, natural_gradient_lr=1.0))
@@ -244,6 +244,7 @@ def test_modules_fitted_with_unit_natural_steps_can_be_recycled(likelihood):
     of the modules is bounded, however few steps were taken."""
     x, y, partition = data(likelihood, sizes=(30, 45, 60))
     fit = fit_local((x.numpy(), y.numpy(), partition), LocalFitSpec(num_inducing=6,
+                                                                  collapsed=False,
                                                                   likelihood=likelihood),
                     TrainConfig(steps=3, tol=None, natural_gradient_lr=1.0))
     assert ModuleStack.from_modules(fit.modules).indefinite_sites() == []

@@ -66,8 +66,7 @@ def local_model(collapsed=False, likelihood="gaussian"):
 def trained_modules(collapsed=True, seed=0):
     X, y = series(seed=seed)
     return fit_local((X, y, partition_contiguous(X, 3)),
-                     LocalFitSpec(num_inducing=6, collapsed=collapsed),
-                     TrainConfig(optimizer="lbfgs", lr=1.0, steps=4)).modules, X, y
+                     LocalFitSpec(num_inducing=6, collapsed=collapsed)).modules, X, y
 
 
 def meta_model(collapsed=False):
@@ -80,8 +79,7 @@ def multioutput_model():
     X, y = series(90)
     labels = np.repeat(np.arange(3), 30)
     modules = fit_local((X, y, partition_by_label(labels, "output")),
-                        LocalFitSpec(num_inducing=5, collapsed=True),
-                        TrainConfig(optimizer="lbfgs", lr=1.0, steps=3)).modules
+                        LocalFitSpec(num_inducing=5)).modules
     fit = recycle_multioutput(modules, 2, RecycleSpec(num_inducing=6), NO_STEPS)
     return fit.model, fit.predictor("part001"), X, y
 
@@ -223,8 +221,7 @@ def test_one_unit_natural_step_on_a_gaussian_meta_gp_reaches_its_collapsed_optim
 # ArviZ for every predictor -------------------------------------------------------------------
 def predictors():
     modules, X, y = trained_modules()
-    meta = recycle(modules, RecycleSpec(num_inducing=8, collapsed=True),
-                   TrainConfig(optimizer="lbfgs", lr=1.0, steps=3)).module
+    meta = recycle(modules, RecycleSpec(num_inducing=8)).module
     return {
         "module": (modules["part000"], X[:40], y[:40]),
         "routed": (RoutedModules(modules, partition_contiguous(X, 3).rule), X, y),

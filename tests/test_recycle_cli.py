@@ -125,7 +125,7 @@ def test_unbounded_bound_raises_or_is_repaired(capsys, folder, unbounded_dir):
     assert not message.endswith("...")  # not cut by the CLI's length limit
     assert not (folder / "unbounded_meta.safetensors").exists()
 
-    out = run_ok(capsys, "recycle", unbounded_dir, "--inducing", 8, "--steps", 5,
+    out = run_ok(capsys, "recycle", unbounded_dir, "--inducing", 8, "--steps", 5, "--uncollapsed",
                  "--on-unbounded", "repair", "--out", folder / "repaired")
     assert "site repair clipped" in out
     assert load_module(folder / "repaired.safetensors").info["recycle"]["site_repairs"]
@@ -134,9 +134,9 @@ def test_unbounded_bound_raises_or_is_repaired(capsys, folder, unbounded_dir):
 def test_unbounded_bound_can_warn(capsys, folder, unbounded_dir):
     capsys.readouterr()
     assert main(["recycle", str(unbounded_dir), "--inducing", "8", "--steps", "1",
-                 "--on-unbounded", "warn", "--out", str(folder / "warned")]) == 0
+                 "--uncollapsed", "--on-unbounded", "warn", "--out", str(folder / "warned")]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines()
-                if line.startswith("pyrogp: warning:")]
+                if line.startswith("pyrogp: warning:") and "unbounded" in line]
     assert len(warnings) == 1 and "unbounded above" in warnings[0]
     assert "--on-unbounded" in warnings[0] and "repair_sites" not in warnings[0]
 

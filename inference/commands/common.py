@@ -1,16 +1,23 @@
-"""Helpers shared by the command modules: predictors from module paths, inputs, safe writes."""
+"""Helpers shared by the command modules: predictors from module paths, inputs, safe writes,
+reports of module sets and warnings as one line."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from inference.health import elbo_per_point, module_flags
+from inference.tables import format_table
 from pyrogp_models.data import Table, require_finite
-from pyrogp_models.errors import DataError, ModuleFileError, PyrogpError
+from pyrogp_models.errors import DataError, ModuleFileError, NotConvergedWarning, PyrogpError
 from pyrogp_models.models.distributed_kernel.files import is_distributed_kernel_file
 from pyrogp_models.modules.files import (
     INDEX_NAME,
@@ -144,3 +151,50 @@ def describe_rule(rule: dict | None) -> str:
     detail = {"contiguous": f" along input {rule.get('dim')}",
               "label": f" by column '{rule.get('column')}'"}.get(kind, "")
     return f"{kind}{detail}, {count} partition{'s' if count != 1 else ''}"
+
+
+# Reports ---------------------------------------------------------------------------------------
+#: Module sets up to this size are printed row by row; larger ones as a summary.
+MAX_ROWS = 20
+
+
+def report_modules(modules: dict[str, Module], columns: dict, verbose: bool = False) -> str:
+    """A table of the modules (``columns``: header → function of a module), with a "flags"
+    column naming outliers and unconverged fits (:mod:`inference.health`); beyond
+    :data:`MAX_ROWS` modules (unless ``verbose``) a summary instead: the count, quantiles of the
+    ELBO per point, the five worst modules and the flagged ones."""
+    flags = module_flags(modules)
+    if verbose or len(modules) <= MAX_ROWS:
+        rows = [(name, *(value(module) for value in columns.values()),
+                 ", ".join(flags.get(name, [])) or "-") for name, module in modules.items()]
+        return format_table(["module", *columns, "flags"], rows)
+    per_point = elbo_per_point(modules)
+    quantiles = np.quantile(per_point, [0.0, 0.05, 0.5, 0.95, 1.0])
+    names = list(modules)
+    worst = [f"{names[k]} ({per_point[k]:.3g})" for k in np.argsort(per_point)[:5]]
+    lines = [f"{len(modules)} modules; ELBO per point: min {quantiles[0]:.4g}, 5% "
+             f"{quantiles[1]:.4g}, median {quantiles[2]:.4g}, 95% {quantiles[3]:.4g}, max "
+             f"{quantiles[4]:.4g}", f"lowest ELBO per point: {', '.join(worst)}"]
+    for flag in ("outlier", "not converged"):
+        flagged = [name for name, found in flags.items() if flag in found]
+        if flagged:
+            shown = ", ".join(flagged[:10]) + (" and more" if len(flagged) > 10 else "")
+            lines.append(f"{len(flagged)} {'outliers' if flag == 'outlier' else flag}: {shown}")
+    lines.append("(--verbose lists every module)")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def one_line_warnings(advice: str) -> Iterator[None]:
+    """Print a fit's :class:`NotConvergedWarning` as one ``pyrogp: warning:`` line ending in
+    ``advice`` (e.g. the flag that allows more steps); other warnings pass through."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", NotConvergedWarning)
+        yield
+    for warning in caught:
+        if issubclass(warning.category, NotConvergedWarning):
+            message = str(warning.message).removesuffix("; allow more steps")
+            print(f"pyrogp: warning: {message}; {advice}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)

@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from inference.commands.common import check_output_folder, describe_rule, write_module_folder
+from inference.commands.common import (
+    MAX_ROWS,
+    check_output_folder,
+    describe_rule,
+    one_line_warnings,
+    report_modules,
+    write_module_folder,
+)
 from inference.executors import fit_local_on
-from inference.local_fit import LocalFitSpec
-from inference.tables import format_table
+from inference.local_fit import (
+    COLLAPSED_CONFIG,
+    MINIBATCH_NATURAL_GRADIENT,
+    UNCOLLAPSED_CONFIG,
+    LocalFitSpec,
+    collapsed_bound,
+    default_config,
+)
 from inference.trainer import TrainConfig
 from pyrogp_models.data import Table, load_table, split_features_target
 from pyrogp_models.data.partitioners import (
@@ -56,15 +71,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel", default="rbf", choices=sorted(PROFILES),
                         help="kernel family (default: rbf)")
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
-    parser.add_argument("--steps", type=int, default=1000, help="maximum optimiser steps")
-    parser.add_argument("--lr", type=float, default=0.05, help="Adam learning rate")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help=f"maximum optimiser steps (default: {COLLAPSED_CONFIG.steps} "
+                             f"L-BFGS iterations for the collapsed bound, "
+                             f"{UNCOLLAPSED_CONFIG.steps} Adam steps otherwise)")
+    parser.add_argument("--lr", type=float, metavar="LR",
+                        help=f"Adam learning rate of the uncollapsed bound (default: "
+                             f"{UNCOLLAPSED_CONFIG.lr:g})")
     parser.add_argument("--natural-gradient", type=float, metavar="GAMMA",
-                        help="before every Adam step, move each q(u) by a natural-gradient step "
-                             "of size GAMMA in (0, 1]; Adam then fits the other parameters "
-                             "(gaussian: 1 puts q(u) at its optimum; not with --collapsed)")
-    parser.add_argument("--batch-size", type=int, metavar="B", help="minibatch size per partition")
-    parser.add_argument("--collapsed", action="store_true",
-                        help="train on the collapsed bound (gaussian only)")
+                        help="size of the natural-gradient step on every q(u) before each Adam "
+                             "step of the uncollapsed bound; 0: Adam moves q(u) too (default: "
+                             f"{UNCOLLAPSED_CONFIG.natural_gradient_lr:g}, "
+                             f"{MINIBATCH_NATURAL_GRADIENT:g} with --batch-size)")
+    parser.add_argument("--batch-size", type=int, metavar="B",
+                        help="minibatch size per partition (the uncollapsed bound)")
+    bound = parser.add_mutually_exclusive_group()
+    bound.add_argument("--collapsed", action="store_true",
+                       help="the collapsed (Titsias) bound; the default for gaussian")
+    bound.add_argument("--uncollapsed", action="store_true",
+                       help="the uncollapsed ELBO with q(u) as a parameter; the default for "
+                            "other likelihoods and with --batch-size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--float32", action="store_true", help="fit in single precision")
     where = parser.add_mutually_exclusive_group()
@@ -72,6 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="fit on an embedded Dask cluster of N single-threaded workers")
     where.add_argument("--scheduler", metavar="ADDRESS",
                        help="fit on the Dask cluster whose scheduler is at ADDRESS")
+    parser.add_argument("--verbose", action="store_true",
+                        help=f"list every module (default: a summary beyond {MAX_ROWS})")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR",
                         help="module folder to write (an existing module folder is replaced)")
 
@@ -80,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
     if args.inducing < 1:
         raise DataError(f"--inducing must be at least 1, got {args.inducing}")
     if args.natural_gradient is not None:
-        if not 0.0 < args.natural_gradient <= 1.0:
-            raise DataError(f"--natural-gradient must be in (0, 1], got {args.natural_gradient:g}")
+        if not 0.0 <= args.natural_gradient <= 1.0:
+            raise DataError(f"--natural-gradient must be in [0, 1], got {args.natural_gradient:g}")
         if args.collapsed:
             raise DataError("--natural-gradient moves q(u) of the uncollapsed bound; with "
                             "--collapsed q(u) is optimal already: give one of the two")
@@ -97,21 +125,44 @@ def run(args: argparse.Namespace) -> int:
     spec = LocalFitSpec(
         num_inducing=args.inducing, likelihood=args.likelihood,
         likelihood_options=_likelihood_options(args, y), kernel=args.kernel, ard=args.ard,
-        collapsed=args.collapsed, batch_size=args.batch_size,
-        dtype=torch.float32 if args.float32 else torch.float64, info=info)
-    config = TrainConfig(lr=args.lr, steps=args.steps, seed=args.seed,
-                         progress=sys.stderr.isatty(), natural_gradient_lr=args.natural_gradient)
-    fit = fit_local_on((X, y, partition), spec, config, workers=args.workers,
-                       scheduler=args.scheduler)
-    modules = fit.modules
-    write_module_folder(modules, args.out, partition.rule)
-    rows = [(name, module.num_data, module.num_inducing, module.elbo)
-            for name, module in modules.items()]
-    print(format_table(["module", "N", "M", "ELBO"], rows))
-    status = "converged" if fit.result.converged else "step limit reached"
-    print(f"\n{len(modules)} modules ({describe_rule(partition.rule)}) written to {args.out}; "
-          f"{fit.result.steps} steps, {status}")
+        collapsed=True if args.collapsed else False if args.uncollapsed else None,
+        batch_size=args.batch_size, dtype=torch.float32 if args.float32 else torch.float64,
+        info=info)
+    if args.collapsed and args.likelihood != "gaussian":
+        raise DataError(f"--collapsed needs the gaussian likelihood, not {args.likelihood}")
+    config = _train_config(args, spec)
+    start = time.perf_counter()
+    with one_line_warnings("raise --steps"):
+        fit = fit_local_on((X, y, partition), spec, config, workers=args.workers,
+                           scheduler=args.scheduler)
+    seconds = time.perf_counter() - start
+    write_module_folder(fit.modules, args.out, partition.rule)
+    print(report_modules(fit.modules, {"N": lambda m: m.num_data,
+                                       "M": lambda m: m.num_inducing,
+                                       "ELBO": lambda m: m.elbo}, args.verbose))
+    status = "converged" if fit.result.converged else "not converged"
+    bound = "collapsed" if collapsed_bound(spec) else "uncollapsed"
+    print(f"\n{len(fit.modules)} modules ({describe_rule(partition.rule)}, {bound} bound) "
+          f"written to {args.out}; {fit.result.steps} steps, {status}, {seconds:.1f} s")
     return 0
+
+
+def _train_config(args: argparse.Namespace, spec: LocalFitSpec) -> TrainConfig:
+    """The spec's default configuration with the command line's seed, progress bar and any
+    --steps, --lr, --natural-gradient given."""
+    config = replace(default_config(spec), seed=args.seed, progress=sys.stderr.isatty())
+    if args.steps is not None:
+        config = replace(config, steps=args.steps)
+    if collapsed_bound(spec):
+        if args.lr is not None:
+            raise DataError("--lr sets Adam's learning rate of the uncollapsed bound; the "
+                            "collapsed bound is fitted by L-BFGS")
+        return config
+    if args.lr is not None:
+        config = replace(config, lr=args.lr)
+    if args.natural_gradient is not None:
+        config = replace(config, natural_gradient_lr=args.natural_gradient or None)
+    return config
 
 
 def _feature_names(table: Table, target: str, listed: str | None,

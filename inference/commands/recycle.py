@@ -12,9 +12,15 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
-from inference.commands.common import read_inputs
-from inference.recycling import RawData, RecycleSpec, recycle
-from inference.trainer import TrainConfig
+from inference.commands.common import one_line_warnings, read_inputs
+from inference.recycling import (
+    COLLAPSED_CONFIG,
+    UNCOLLAPSED_CONFIG,
+    RawData,
+    RecycleSpec,
+    recycle,
+    uses_collapsed_bound,
+)
 from pyrogp_models.data import load_table, require_finite
 from pyrogp_models.errors import DataError, IncompatibleModulesError, UnboundedBoundError
 from pyrogp_models.likelihoods import LIKELIHOODS
@@ -33,9 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="module files and module folders to recycle")
     parser.add_argument("--inducing", type=int, required=True, metavar="M",
                         help="inducing inputs of the meta-GP")
-    parser.add_argument("--collapsed", action="store_true",
-                        help="learn the kernel and inducing inputs on the collapsed bound "
-                             "(q at its optimum)")
+    bound = parser.add_mutually_exclusive_group()
+    bound.add_argument("--collapsed", action="store_true",
+                       help="learn the kernel and inducing inputs on the collapsed bound (q at "
+                            "its optimum); the default unless --data is non-Gaussian")
+    bound.add_argument("--uncollapsed", action="store_true",
+                       help="learn q too (natural-gradient steps), the kernel and inducing "
+                            "inputs by Adam")
     parser.add_argument("--data", type=Path, metavar="RAW",
                         help="new raw data (CSV or .npz) fitted together with the modules")
     parser.add_argument("--target", help="the observed column of --data (default: the "
@@ -43,8 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--likelihood", choices=sorted(LIKELIHOODS),
                         help="likelihood of the raw data and of the saved meta-GP (default: "
                              "the modules' common likelihood)")
-    parser.add_argument("--steps", type=int, default=1000, help="maximum optimiser steps")
-    parser.add_argument("--lr", type=float, default=0.05, help="Adam learning rate")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help=f"maximum optimiser steps (default: {COLLAPSED_CONFIG.steps} L-BFGS "
+                             f"steps for the collapsed bound, {UNCOLLAPSED_CONFIG.steps} Adam "
+                             "steps otherwise)")
+    parser.add_argument("--lr", type=float, metavar="LR",
+                        help=f"Adam learning rate of the uncollapsed bound (default: "
+                             f"{UNCOLLAPSED_CONFIG.lr:g})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--on-unbounded", choices=ON_UNBOUNDED, default="raise",
                         help="when the ensemble bound is unbounded above: stop (raise), go on "
@@ -63,37 +78,45 @@ def run(args: argparse.Namespace) -> int:
     modules = _load_all(args.paths)
     columns = _shared_columns(modules)
     raw = _raw_data(args, modules, columns.get("target")) if args.data is not None else None
-    spec = RecycleSpec(num_inducing=args.inducing, collapsed=args.collapsed,
+    spec = RecycleSpec(num_inducing=args.inducing,
+                       collapsed=True if args.collapsed else False if args.uncollapsed else None,
                        on_unbounded="warn" if args.on_unbounded == "warn" else "raise",
                        repair_sites=args.on_unbounded == "repair", likelihood=args.likelihood,
                        name=out.name.removesuffix(SUFFIX))
-    config = TrainConfig(lr=args.lr, steps=args.steps, seed=args.seed,
-                         progress=sys.stderr.isatty())
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", UnboundedBoundWarning)
-            fit = recycle(modules, spec, config, raw)
-    except UnboundedBoundError as error:  # advise the flag, not the Python API
-        advice = ("; rerun with --on-unbounded repair to clip the modules' site precisions"
-                  if args.on_unbounded != "repair" else
-                  " even with the modules' site precisions clipped (--on-unbounded repair): the "
-                  "global kernel moved away from the modules'")
-        raise UnboundedBoundError(describe_unbounded(error.smallest, error.modules) + advice,
-                                  error.smallest, error.modules) from error
-    _report_warnings(caught)
+    collapsed = uses_collapsed_bound(spec, raw)
+    if collapsed and args.lr is not None:
+        raise DataError("--lr sets Adam's learning rate of the uncollapsed bound; the collapsed "
+                        "bound is fitted by L-BFGS")
+    config = replace(COLLAPSED_CONFIG if collapsed else UNCOLLAPSED_CONFIG, seed=args.seed,
+                     progress=sys.stderr.isatty())
+    config = replace(config, **{key: value for key, value in
+                                (("steps", args.steps), ("lr", args.lr)) if value is not None})
+    with one_line_warnings("raise --steps"):
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", UnboundedBoundWarning)
+                fit = recycle(modules, spec, config, raw)
+        except UnboundedBoundError as error:  # advise the flag, not the Python API
+            advice = ("; rerun with --on-unbounded repair to clip the modules' site precisions"
+                      if args.on_unbounded != "repair" else
+                      " even with the modules' site precisions clipped (--on-unbounded repair): "
+                      "the global kernel moved away from the modules'")
+            raise UnboundedBoundError(describe_unbounded(error.smallest, error.modules) + advice,
+                                      error.smallest, error.modules) from error
+        _report_warnings(caught)
     meta, result = fit.model, fit.result
     module = replace(fit.module, info={**fit.module.info, **columns})
     save_module(module, out)
     repairs = module.info["recycle"]["site_repairs"]
     clipped = {name: count for name, count in repairs.items() if count}
-    status = "converged" if result.converged else "step limit reached"
+    status = "converged" if result.converged else "not converged"
     sources = (f"{_count(len(modules), 'module')} "
                f"(N = {sum(m.num_data for m in modules.values())})")
     if raw is not None:
         sources += f" and {len(raw.y)} raw points"
     print(f"recycled {sources} into a meta-GP with M = {args.inducing} "
           f"({module.kernel_family} kernel, "
-          f"{'collapsed' if args.collapsed else 'uncollapsed'} bound)")
+          f"{'collapsed' if collapsed else 'uncollapsed'} bound)")
     if clipped:
         print(f"site repair clipped {_count(sum(clipped.values()), 'direction')} in "
               f"{_count(len(clipped), 'module')}: {', '.join(clipped)}")

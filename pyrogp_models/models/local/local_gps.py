@@ -29,11 +29,13 @@ from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.kernels import Stationary
 from pyrogp_models.layers import unique_name
 from pyrogp_models.likelihoods import make_likelihood
+from pyrogp_models.models.local.initialisation import (
+    initial_gaussian_variances,
+    initial_lengthscale,
+    input_spread,
+)
 from pyrogp_models.models.local.svgp import BatchedSVGP
 from pyrogp_models.modules.record import Module
-
-#: Floor on input spreads and initial lengthscales (standardised units).
-_MIN_SPREAD = 1e-3
 
 
 class LocalGPs(PyroModule):
@@ -50,7 +52,8 @@ class LocalGPs(PyroModule):
         collapsed: train Gaussian partitions on the collapsed (Titsias) bound.
         batch_size: points per partition per evaluation (minibatches; uncollapsed only).
         jitter: relative jitter on K_zz.
-        noise: initial Gaussian noise variance (standardised units).
+        noise: initial Gaussian noise variance (standardised units); default: from each
+            partition's data (:mod:`.initialisation`, like the other hyperparameters).
         generator: random source for the k-means initialisation.
         inducing: initial Z per partition ([M_k, D] each, model units) instead of
             ``inducing_init`` (e.g. drawn once by :func:`initial_inducing` for a fit split over
@@ -63,7 +66,7 @@ class LocalGPs(PyroModule):
                  likelihood_options: dict | None = None, kernel: str = "rbf", ard: bool = False,
                  inducing_init: str = "kmeans", learn_inducing: bool = True,
                  collapsed: bool = False, batch_size: int | None = None,
-                 jitter: float = DEFAULT_JITTER, noise: float = 0.1,
+                 jitter: float = DEFAULT_JITTER, noise: float | None = None,
                  generator: torch.Generator | None = None,
                  inducing: Sequence[torch.Tensor] | None = None, name: str | None = None):
         super().__init__(name or unique_name("local"))
@@ -97,18 +100,20 @@ class LocalGPs(PyroModule):
 
     def _build_group(self, X, y, mask, Z, kernel, ard, learn_inducing, batch_size, jitter,
                      noise) -> BatchedSVGP:
+        """One group's SVGP, initialised by the rule of :mod:`.initialisation`."""
         count = len(X)
+        variance, values = 1.0, {}
+        if self.likelihood_name == "gaussian":
+            variance, initial_noise = initial_gaussian_variances(y, mask)
+            values = {"variance": initial_noise if noise is None else noise}
         likelihood = make_likelihood(self.likelihood_name, (count,), X.dtype, X.device,
-                                     **self.likelihood_options,
-                                     **({"variance": noise}
-                                        if self.likelihood_name == "gaussian" else {}))
-        spread = _input_spread(X, mask)
-        lengthscale = _initial_lengthscale(spread, ard, Z.shape[-2])
-        kernel_module = Stationary(kernel, X.shape[-1], (count, likelihood.num_latent), ard,
-                                   lengthscale.unsqueeze(1), 1.0, X.dtype, X.device)
+                                     **self.likelihood_options, **values)
+        lengthscale = initial_lengthscale(X, mask, Z.shape[-2], ard)
+        kernel_module = Stationary(
+            kernel, X.shape[-1], (count, likelihood.num_latent), ard, lengthscale.unsqueeze(1),
+            torch.as_tensor(variance, dtype=X.dtype).reshape(-1, 1), X.dtype, X.device)
         return BatchedSVGP(Z, kernel_module, likelihood, X, y, mask,
-                           learn_inducing=learn_inducing,
-                           inducing_scale=spread.clamp_min(_MIN_SPREAD),
+                           learn_inducing=learn_inducing, inducing_scale=input_spread(X, mask),
                            collapsed=self.collapsed, batch_size=batch_size, jitter=jitter,
                            name="group")
 
@@ -171,12 +176,28 @@ class LocalGPs(PyroModule):
         for group in self.groups:
             group.predictive_guide()
 
+    def member_objectives(self) -> list:
+        """Every group's (parameters, −objective [K_g]) (see
+        :meth:`~pyrogp_models.models.local.svgp.BatchedSVGP.member_objectives`)."""
+        return [block for group in self.groups for block in group.member_objectives()]
+
     # Results ----------------------------------------------------------------------------------
     @torch.no_grad()
     def finalise(self) -> None:
         """After collapsed training, write the optimal q(u) into every group."""
         for group in self.groups:
             group.finalise()
+
+    def partition_values(self, values: list) -> list:
+        """Per-member values in the order of :meth:`member_objectives` (group by group) →
+        partition order (empty stays empty)."""
+        if not values:
+            return []
+        order = torch.cat(self.group_members).tolist()
+        out = [None] * len(order)
+        for k, value in zip(order, values, strict=True):
+            out[k] = value
+        return out
 
     @torch.no_grad()
     def elbo(self) -> torch.Tensor:
@@ -246,19 +267,3 @@ def _scatter_points(out: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     moved = values.movedim(tuple(range(-trailing, 0)), tuple(range(trailing)))
     target = out.movedim(tuple(range(-trailing, 0)), tuple(range(trailing)))
     target[..., index[mask]] = moved[..., mask]
-
-
-def _input_spread(X: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Standard deviation of each partition's inputs per dimension; [K, D]."""
-    weights = mask.to(X.dtype).unsqueeze(-1)
-    count = weights.sum(-2).clamp_min(1.0)
-    mean = (X * weights).sum(-2) / count
-    return (((X - mean.unsqueeze(-2)) * weights).square().sum(-2) / count).sqrt()
-
-
-def _initial_lengthscale(spread: torch.Tensor, ard: bool, num_inducing: int) -> torch.Tensor:
-    """Twice the typical spacing of M inducing inputs over each partition's inputs:
-    2·spread/M^(1/D) per dimension ([K, D], or [K, 1] isotropic), floored at 1e-3. Short enough
-    that a fit does not start in the "everything is noise" optimum."""
-    spacing = (2.0 * spread / num_inducing ** (1.0 / spread.shape[-1])).clamp_min(_MIN_SPREAD)
-    return spacing if ard else spacing.mean(-1, keepdim=True)

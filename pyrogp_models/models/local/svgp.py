@@ -208,6 +208,12 @@ class BatchedSVGP(OneLayer, PyroModule):
             return collapsed.collapsed_bound(self, self.data_X, targets, self.data_mask)
         return self.data_term(offset) - self.kl()
 
+    def member_objectives(self) -> list:
+        """(parameters, −objective [K]): the K partitions are independent members, so an
+        optimiser may keep one memory and one step length per partition."""
+        return [([p for p in self.parameters() if p.requires_grad],
+                 lambda: -self.objective())]
+
     def _data(self, X, y, mask):
         if X is not None:
             return X, y, torch.ones(X.shape[:-1], dtype=torch.bool, device=X.device) \
