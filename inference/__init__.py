@@ -6,6 +6,11 @@ Every fit function takes data (or modules), a spec and a :class:`TrainConfig` an
     from inference import fit_local, recycle, fit_exact_experts, fit_distributed_kernel
 """
 
+from inference.distributed_kernel_fit import (
+    DistributedKernelFit,
+    DistributedKernelSpec,
+    fit_distributed_kernel,
+)
 from inference.experts_fit import ExactFit, ExpertsSpec, fit_exact_experts
 from inference.fit_result import Fit
 from inference.local_fit import LocalFit, LocalFitSpec, PartitionedData, fit_local
@@ -13,9 +18,9 @@ from inference.recycling import RawData, Recycled, RecycleSpec, recycle, recycle
 from inference.trainer import TrainConfig, TrainResult, train
 
 __all__ = [
-    "ExactFit", "ExpertsSpec", "Fit",
+    "DistributedKernelFit", "DistributedKernelSpec", "ExactFit", "ExpertsSpec", "Fit",
     "LocalFit", "LocalFitSpec", "PartitionedData", "RawData", "RecycleSpec", "Recycled",
-    "TrainConfig", "TrainResult", "fit_exact_experts", "fit_local",
+    "TrainConfig", "TrainResult", "fit_distributed_kernel", "fit_exact_experts", "fit_local",
     "recycle", "recycle_multioutput",
     "train",
 ]

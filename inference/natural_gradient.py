@@ -84,7 +84,9 @@ class NaturalGradient:
 
     def _step(self, layer: SparseGPLayer, objective: Objective,
               direction: tuple[torch.Tensor, torch.Tensor]) -> None:
-        mean, chol = layer.q_mean.clone(), layer.q_sqrt.clone()
+        # a joint q is one Gaussian over all T = |B|·M whitened values: step on its flat mean
+        mean, chol = _flat_mean(layer, layer.q_mean).clone(), layer.q_sqrt.clone()
+        direction = (_flat_mean(layer, direction[0]), direction[1])
         if objective is None:
             new_mean, new_chol, ok = natural_update(mean, chol, *direction, self.gamma)
             _assign(layer, ok, (new_mean, new_chol), (mean, chol))
@@ -125,14 +127,19 @@ def _objectives(module: torch.nn.Module) -> list[tuple[SparseGPLayer, Objective]
 
 def _member_values(values: torch.Tensor, batch_shape: torch.Size) -> torch.Tensor:
     """Per-member values [*B'] broadcast against a layer's batch [*B] (trailing ones added)."""
-    return values.reshape(*values.shape, *[1] * (len(batch_shape) - values.dim())
+    return values.reshape(values.shape + (1,) * (len(batch_shape) - values.dim())
                           ).expand(batch_shape)
 
 
 def _assign(layer: SparseGPLayer, take: torch.Tensor, new: tuple, old: tuple) -> None:
     """q ← new where ``take`` [*B], else old."""
-    layer.q_mean = torch.where(take.unsqueeze(-1), new[0], old[0])
-    layer.q_sqrt = torch.where(take.unsqueeze(-1).unsqueeze(-1), new[1], old[1])
+    layer.set_whitened_posterior(torch.where(take.unsqueeze(-1), new[0], old[0]),
+                                 torch.where(take.unsqueeze(-1).unsqueeze(-1), new[1], old[1]))
+
+
+def _flat_mean(layer: SparseGPLayer, mean: torch.Tensor) -> torch.Tensor:
+    """q_mean [*B, M] (or its gradient) as the [T] mean of a joint q; as it is for mean-field."""
+    return mean.reshape(-1) if layer.covariance == "joint" else mean
 
 
 def covariance_gradient(chol: torch.Tensor, raw_gradient: torch.Tensor) -> torch.Tensor:

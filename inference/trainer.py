@@ -183,8 +183,8 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
         return loss
 
     reference = next(iter(module.parameters()), torch.zeros(()))
-    losses = torch.full((max(config.steps, 1),), math.nan, dtype=reference.dtype,
-                        device=reference.device)
+    losses = torch.full((max(min(config.steps, start + 4096), 1),), math.nan,
+                        dtype=reference.dtype, device=reference.device)  # grows when needed
     losses[:start] = torch.as_tensor(result.losses[:start], dtype=losses.dtype)
     bar = tqdm(total=config.steps, initial=start, disable=not config.progress, desc="fit",
                leave=False)
@@ -203,6 +203,8 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                         optimizer.step()
                 else:
                     loss = optimizer.step(closure)
+                if step == len(losses):
+                    losses = torch.cat([losses, torch.full_like(losses, math.nan)])
                 losses[step] = loss.detach()
                 step += 1
                 bar.update(1)

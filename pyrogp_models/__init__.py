@@ -41,6 +41,7 @@ from pyrogp_models.likelihoods import (
     Poisson,
     make_likelihood,
 )
+from pyrogp_models.models.distributed_kernel import DistributedKernelGP
 from pyrogp_models.models.experts import ExactExperts, ExpertCombination, ModuleExperts
 from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.models.local.svgp import BatchedSVGP
@@ -56,8 +57,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # models
-    "BatchedSVGP", "ExactExperts", "ExpertCombination", "LocalGPs", "MetaGP", "ModuleExperts",
-    "MultiOutputMetaGP",
+    "BatchedSVGP", "DistributedKernelGP", "ExactExperts", "ExpertCombination", "LocalGPs",
+    "MetaGP", "ModuleExperts", "MultiOutputMetaGP",
     # the layer, kernels, likelihoods
     "SparseGPLayer", "RBF", "Matern12", "Matern32", "Matern52", "Stationary", "Bernoulli",
     "Categorical", "Gaussian", "HeteroscedasticGaussian", "Likelihood", "Poisson",

@@ -23,6 +23,15 @@ def float64_and_seed():
     torch.set_default_dtype(previous)
 
 
+@pytest.fixture(params=[True, False], ids=["module-local params", "global param store"])
+def param_mode(request):
+    """Run a test under both of Pyro's parameter modes (the global store is Pyro's default)."""
+    with pyro.settings.context(module_local_params=request.param):
+        pyro.clear_param_store()
+        yield request.param
+    pyro.clear_param_store()
+
+
 @pytest.fixture(autouse=True)
 def one_torch_thread():
     """One intra-op torch thread in every test, also after a test that changed it (the CLI's

@@ -12,7 +12,7 @@ from safetensors.torch import save as save_tensors
 
 from helpers import run_failing, run_ok, write_csv
 from inference.cli import main
-from inference.distributed_kernel_fit import DistributedKernelFitConfig, fit_distributed_kernel
+from inference.distributed_kernel_fit import DistributedKernelSpec, fit_distributed_kernel
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.trainer import TrainConfig
 from pyrogp_models.data import Standardisation, load_table
@@ -23,7 +23,6 @@ from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.distributed_kernel import (
     DistributedKernelGP,
     Regions,
-    build_distributed_kernel_gp,
     init_region_inducing,
 )
 from pyrogp_models.models.distributed_kernel.files import (
@@ -32,7 +31,9 @@ from pyrogp_models.models.distributed_kernel.files import (
     save_distributed_kernel,
 )
 from pyrogp_models.modules.files import _digest, save_module
-from pyrogp_models.modules.routing import ModulePredictor, Predictor, load_predictor
+from pyrogp_models.modules.predictor import Predictor
+from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.routing import load_predictor
 
 FIT = ["--inducing-per-region", "6", "--steps", "40"]
 
@@ -103,12 +104,11 @@ def tree_model() -> tuple[DistributedKernelGP, torch.Tensor]:
 
 
 def split_model() -> tuple[DistributedKernelGP, torch.Tensor]:
-    """1-D split, mean-field q, Gaussian likelihood, fitted briefly."""
+    """1-D split, mean-field q, Gaussian likelihood, fitted briefly (inputs in model units)."""
     X = torch.linspace(-2, 2, 60).unsqueeze(-1)
-    y = torch.sin(3 * X[:, 0])
-    model = build_distributed_kernel_gp(X, 3, 5, lengthscale=0.4, noise=0.05)
-    fit_distributed_kernel(model, X, y, DistributedKernelFitConfig(steps=10))
-    return model, X
+    spec = DistributedKernelSpec(3, 5, lengthscale=0.4, likelihood_options={"variance": 0.05})
+    fit = fit_distributed_kernel((X, torch.sin(3 * X[:, 0])), spec, TrainConfig(steps=10))
+    return fit.model, fit.model.bound_data()[0]
 
 
 @pytest.mark.parametrize("make", [split_model, tree_model], ids=["split", "tree"])
@@ -210,10 +210,10 @@ def test_invalid_contents_are_refused(fitted, tmp_path, case):
 
 def test_module_files_still_load(tmp_path):
     X = np.linspace(0, 1, 20)[:, None]
-    fit = fit_local(X, np.sin(6 * X[:, 0]), partition_contiguous(X, 1),
+    fit = fit_local((X, np.sin(6 * X[:, 0]), partition_contiguous(X, 1)),
                     LocalFitSpec(num_inducing=3), TrainConfig(steps=2))
     path = save_module(next(iter(fit.modules.values())), tmp_path / "one")
-    assert isinstance(load_predictor(path), ModulePredictor)
+    assert isinstance(load_predictor(path), Module)
 
 
 @pytest.fixture(scope="module")
@@ -224,17 +224,18 @@ def awkward_csvs(folder):
     with_nan[7] = np.nan
     return {"nan": write_csv(folder / "nan.csv", {"x": with_nan, "y": x}),
             "three values": write_csv(folder / "three.csv",
-                                      {"x": np.repeat([0.0, 1.0, 2.0], 10), "y": x})}
+                                      {"x": np.repeat([0.0, 1.0, 2.0], 10), "y": x}),
+            "constant": write_csv(folder / "constant.csv", {"x": np.full(30, 3.0), "y": x})}
 
 
 BAD_FITS = {
     "unknown target": ({"--target": "nope"}, "unknown column 'nope'"),
     "unknown feature": ({"--features": "x,zz"}, "unknown column 'zz'"),
     "target as feature": ({"--features": "x,y"}, "also listed as a feature"),
-    "more regions than points": ({"--regions": "500"}, "--regions 500 is more than the 80"),
+    "more regions than points": ({"--regions": "500"}, "500 regions are more than the 80"),
     "no regions": ({"--regions": "0"}, "--regions must be positive"),
     "no inducing inputs": ({"--inducing-per-region": "0"}, "--inducing-per-region must be"),
-    "no such dimension": ({"--dim": "2"}, "--dim 2 is not an input dimension"),
+    "no such dimension": ({"--dim": "2"}, "dim 2 is not an input dimension"),
     "link without bernoulli": ({"--link": "probit"}, "--link applies to the bernoulli"),
     "labels not binary": ({"--likelihood": "bernoulli"}, "labels must be 0 or 1"),
     "counts not integer": ({"--likelihood": "poisson"}, "non-negative integer counts"),
@@ -262,6 +263,8 @@ def test_bad_data_and_outputs_give_one_line_errors(capsys, folder, regression_cs
     assert "column 'x' contains NaN" in fit(awkward_csvs["nan"], "--out", folder / "b.st")
     assert "contain no data point; use fewer regions" in fit(awkward_csvs["three values"],
                                                               "--out", folder / "b.st")
+    assert "column 'x' is constant and cannot be cut" in fit(awkward_csvs["constant"],
+                                                             "--out", folder / "b.st")
     assert "refusing to overwrite" in fit(regression_csv, "--out", regression_csv)
     assert "single model" in run_failing(capsys, "predict", fitted, "--data", regression_csv,
                                          "--rule", "poe", "--out", folder / "p.csv")

@@ -11,7 +11,14 @@ import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
 
-from inference.distributed_kernel_fit import DistributedKernelFitConfig, fit_distributed_kernel
+from inference.distributed_kernel_fit import (
+    ConjugateGradientSolve,
+    DistributedKernelSpec,
+    fit_distributed_kernel,
+)
+from inference.natural_gradient import NaturalGradient
+from inference.trainer import TrainConfig, train
+from pyrogp_models.gaussian.linalg import deferred_checks
 from pyrogp_models.kernels import RBF
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.distributed_kernel import collapsed
@@ -25,8 +32,6 @@ from pyrogp_models.models.local import collapsed as core_collapsed
 from pyrogp_models.models.local.svgp import BatchedSVGP
 
 NOISE = 0.05
-
-
 
 
 def se_numpy(X, Z, ell=1.0, variance=1.0):
@@ -62,15 +67,16 @@ def gp_data(n=300, low=-10.0, high=10.0, seed=0, noise=NOISE):
 
 
 def grid_model(cuts, edges, m, variational="meanfield", jitter=1e-6, learn_cuts=False,
-               likelihood="gaussian", **lik):
-    """J = len(cuts)+1 regions with m evenly spaced inducing inputs between ``edges``."""
+               likelihood="gaussian", data=(None, None), **lik):
+    """J = len(cuts)+1 regions with m evenly spaced inducing inputs between ``edges``; ``data``
+    (X, y) are bound as the training data."""
     regions = Regions.from_cuts(cuts, learn_cuts=learn_cuts)
     Z = torch.stack([torch.linspace(edges[j], edges[j + 1], m) for j in range(len(edges) - 1)])
     kernel = RBF(1, lengthscale=1.0, variance=1.0)
     if likelihood == "gaussian":
         lik.setdefault("variance", NOISE)
     return DistributedKernelGP(regions, Z.unsqueeze(-1), kernel, make_likelihood(likelihood, **lik),
-                               variational=variational, jitter=jitter)
+                               *data, variational=variational, jitter=jitter)
 
 
 FOUR = ([-5.0, 0.0, 5.0], [-10.0, -5.0, 0.0, 5.0, 10.0])
@@ -95,17 +101,16 @@ def test_one_region_is_the_ordinary_svgp(likelihood):
     m = 10
     Z = torch.linspace(0, 10, m).reshape(1, m, 1)
     dk = DistributedKernelGP(Regions.whole_space(1), Z, RBF(1, lengthscale=0.8, variance=1.5),
-                             make_likelihood(likelihood))
+                             make_likelihood(likelihood), X, y)
     random_q(dk, torch.Generator().manual_seed(2))
-    svgp = BatchedSVGP(Z, RBF(1, batch_shape=(1, 1), lengthscale=0.8, variance=1.5),
-                       make_likelihood(likelihood, batch_shape=(1,)))
-    with torch.no_grad():
-        svgp.q_mean = dk.q_mean.unsqueeze(1).clone()
-        svgp.q_sqrt = dk.q_sqrt.unsqueeze(1).clone()
     mask = torch.ones(1, len(y), dtype=torch.bool)
-    reference = float(svgp.elbo(X.unsqueeze(0), y.unsqueeze(0), mask)[0].detach())
-    assert abs(float(dk.elbo(X, y)) - reference) <= 1e-8 * abs(reference)
-    pyro_elbo = -float(TraceMeanField_ELBO().differentiable_loss(dk.model, dk.guide, X, y))
+    svgp = BatchedSVGP(Z, RBF(1, batch_shape=(1, 1), lengthscale=0.8, variance=1.5),
+                       make_likelihood(likelihood, batch_shape=(1,)), X.unsqueeze(0),
+                       y.unsqueeze(0), mask)
+    svgp.layer.set_whitened_posterior(dk.q_mean.unsqueeze(1), dk.q_sqrt.unsqueeze(1))
+    reference = float(svgp.elbo()[0].detach())
+    assert abs(float(dk.elbo()) - reference) <= 1e-8 * abs(reference)
+    pyro_elbo = -float(TraceMeanField_ELBO().differentiable_loss(dk.model, dk.guide))
     assert abs(pyro_elbo - reference) <= 1e-8 * abs(reference)
 
 
@@ -114,9 +119,10 @@ def test_one_region_collapsed_bound_is_titsias():
     Z = torch.linspace(0, 10, 12).reshape(1, 12, 1)
     dk = DistributedKernelGP(Regions.whole_space(1), Z, RBF(1, lengthscale=0.9),
                              make_likelihood("gaussian", variance=0.1))
-    svgp = BatchedSVGP(Z, RBF(1, batch_shape=(1, 1), lengthscale=0.9),
-                       make_likelihood("gaussian", batch_shape=(1,), variance=0.1))
     mask = torch.ones(1, len(y), dtype=torch.bool)
+    svgp = BatchedSVGP(Z, RBF(1, batch_shape=(1, 1), lengthscale=0.9),
+                       make_likelihood("gaussian", batch_shape=(1,), variance=0.1),
+                       X.unsqueeze(0), y.unsqueeze(0), mask)
     titsias = float(core_collapsed.collapsed_bound(svgp, X.unsqueeze(0), y.unsqueeze(0), mask)[0])
     assert abs(float(collapsed.joint_collapsed_bound(dk, X, y)) - titsias) <= 1e-8 * abs(titsias)
     assert abs(float(collapsed.meanfield_collapsed_bound(dk, X, y)) - titsias) <= 1e-8 * abs(
@@ -144,15 +150,19 @@ def test_bounds_never_exceed_the_exact_marginal_likelihood(m):
 
 
 def test_trained_bound_stays_below_the_exact_marginal_likelihood():
+    """After the CG-hook fit the bound (every pair, q at its optimum) is below log p(y) of the
+    standardised data under the learned hyperparameters."""
     X, y = gp_data(200, -8, 8, seed=4)
-    model = build_distributed_kernel_gp(X, 3, 8, lengthscale=1.5)
-    result = fit_distributed_kernel(model, X, y, DistributedKernelFitConfig(steps=40, lr=0.05))
-    assert result.losses[-1] < result.losses[0]
+    fit = fit_distributed_kernel((X, y), DistributedKernelSpec(3, 8),
+                                 TrainConfig(steps=40, lr=0.05, tol=None))
+    assert fit.result.losses[-1] < fit.result.losses[0]
+    model = fit.model
+    Xs, ys = model.bound_data()
     ell = float(model.kernel.lengthscale)
     sf2 = float(model.kernel.variance)
     noise = float(model.likelihood.variance)
-    exact = exact_log_marginal(X, y, ell, sf2, noise)
-    assert float(model.elbo(X, y, model.halo(X, eps=0.0))) <= exact + 1e-8
+    exact = exact_log_marginal(Xs, ys, ell, sf2, noise)
+    assert float(model.elbo(Xs, ys, model.halo(Xs, eps=0.0))) <= exact + 1e-8
 
 
 # optima -------------------------------------------------------------------------------------------
@@ -183,14 +193,94 @@ def test_meanfield_closed_form_equals_coordinate_ascent():
     assert abs(result.elbos[-1] - f_mf) <= 1e-8
 
 
-def test_conjugate_gradient_solver_reaches_the_same_optimum():
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "on-device"])
+def test_conjugate_gradient_solver_reaches_the_same_optimum(checked):
     X, y = gp_data(seed=6)
     model = grid_model(*FOUR, 12)
     mean, chol = collapsed.optimal_meanfield_posterior(model, X, y, model.halo(X))
-    result = solve_meanfield(model, X, y, tol=1e-12)
+    result = solve_meanfield(model, X, y, tol=1e-12, checked=checked)
     assert result.converged
     assert (model.q_mean - mean).abs().max() <= 1e-8
     assert (model.q_sqrt - chol).abs().max() <= 1e-9
+    # checked: stops at the tolerance; on the device: all iterations, frozen once converged
+    assert (result.iterations < 500) == checked
+    assert bool((result.residuals[1:] <= result.residuals[:-1] * 10).all())
+
+
+def test_the_hook_solve_reads_nothing_back(monkeypatch):
+    """The training hook's CG iterations run without one value read back to the host."""
+    X, y = gp_data(seed=6)
+    model = grid_model(*FOUR, 12)
+    projections = model.projections(X)
+
+    def refuse(*args):
+        raise AssertionError("a value was read back to the host")
+
+    for method in ("__bool__", "__float__", "__int__", "__index__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, method, refuse)
+    with deferred_checks():
+        result = solve_meanfield(model, X, y, max_iters=30, tol=1e-7, projections=projections,
+                                 checked=False)
+    monkeypatch.undo()
+    assert result.iterations == 30 and result.converged
+
+
+def test_solve_scheme_ends_at_the_meanfield_optimum_and_shares_its_projection(monkeypatch):
+    """The CG hook's q is the collapsed mean-field optimum after the fit's final solve; the
+    projections the hook keeps give the step's loss exactly, once, and only while no parameter
+    moved."""
+    X, y = gp_data(150, -6, 6, seed=15)
+    fit = fit_distributed_kernel((X, y), DistributedKernelSpec(3, 8),
+                                 TrainConfig(steps=20, lr=0.05, tol=None))
+    model = fit.model
+    Xs, ys = model.bound_data()
+    mean, chol = collapsed.optimal_meanfield_posterior(model, Xs, ys, model.halo(Xs))
+    assert (model.q_mean - mean).abs().max() <= 1e-6
+    assert (model.q_sqrt - chol).abs().max() <= 1e-9
+
+    def loss():
+        return TraceMeanField_ELBO().differentiable_loss(model.model, model.guide)
+
+    fresh = float(loss())
+    model.keep_projections(model.projections(Xs))
+    calls = []
+    project = model.projections
+    monkeypatch.setattr(model, "projections",
+                        lambda *args, **kwargs: calls.append(1) or project(*args, **kwargs))
+    assert float(loss()) == fresh and not calls          # the kept projections, used once
+    assert float(loss()) == fresh and len(calls) == 1    # then computed afresh
+    monkeypatch.undo()
+    model.keep_projections(model.projections(Xs))
+    with torch.no_grad():
+        model.kernel.lengthscale_unconstrained.add_(0.1)
+    assert abs(float(loss()) - fresh) > 1e-3             # a moved parameter: not reused
+
+
+def test_natural_gradients_on_the_meanfield_and_the_joint_q():
+    """Safeguarded natural-gradient steps on the mean-field q (θ and Z fixed, the noise moving by
+    ~1e−6) never lower the ELBO and approach its optimum; on the joint q (conjugate) one unit
+    step reaches the joint collapsed optimum; the conjugate-gradient solve refuses the joint q."""
+    X, y = gp_data(150, -6, 6, seed=16)
+    model = grid_model([-2.0, 2.0], [-6.0, -2.0, 2.0, 6.0], 8, data=(X, y))
+    model.kernel.requires_grad_(False)
+    model.layer.inducing_unit_unconstrained.requires_grad_(False)
+    before = float(model.elbo())
+    result = train(model, config=TrainConfig(steps=60, lr=1e-6, tol=None,
+                                             natural_gradient_lr=0.5))
+    with torch.no_grad():
+        optimum = float(collapsed.meanfield_collapsed_bound(model, X, y, model.halo(X)))
+        after = float(model.elbo())
+    assert before < after <= optimum + 1e-8
+    assert max(np.diff(result.losses)) <= 1e-4
+    assert optimum - after <= 2.0
+    joint = grid_model([-2.0, 2.0], [-6.0, -2.0, 2.0, 6.0], 8, variational="joint", data=(X, y))
+    with torch.no_grad():
+        optimum = float(collapsed.joint_collapsed_bound(joint, X, y, joint.halo(X)))
+    assert float(joint.elbo()) < optimum - 1.0
+    NaturalGradient(joint, 1.0)(lambda: -joint.elbo())
+    assert float(joint.elbo()) == pytest.approx(optimum, rel=1e-8)
+    with pytest.raises(ValueError, match="mean-field q and a Gaussian"):
+        ConjugateGradientSolve(joint)
 
 
 def test_meanfield_and_joint_optimal_means_agree_but_not_their_bounds():
@@ -281,24 +371,24 @@ def test_pyro_loss_is_the_closed_form_meanfield_elbo():
     """−TraceMeanField_ELBO.loss (full batch) = L_MF; a 'subsample' of all points too."""
     X, y = gp_data(seed=12)
     for variational in ("meanfield", "joint"):
-        model = grid_model(*FOUR, 8, variational=variational)
+        model = grid_model(*FOUR, 8, variational=variational, data=(X, y))
         random_q(model, torch.Generator().manual_seed(0))
         elbo = float(model.elbo(X, y))
-        loss = TraceMeanField_ELBO().differentiable_loss(model.model, model.guide, X, y)
+        loss = TraceMeanField_ELBO().differentiable_loss(model.model, model.guide)
         assert abs(-float(loss) - elbo) <= 1e-10 * abs(elbo)
-        loss = TraceMeanField_ELBO().differentiable_loss(model.model, model.guide, X, y,
-                                                         batch_size=len(y))
+        model.batch_size = len(y)
+        loss = TraceMeanField_ELBO().differentiable_loss(model.model, model.guide)
         assert abs(-float(loss) - elbo) <= 1e-10 * abs(elbo)
 
 
 def test_minibatch_loss_is_an_unbiased_estimate():
     X, y = gp_data(60, -6, 6, seed=13)
-    model = grid_model([0.0], [-6.0, 0.0, 6.0], 6)
+    model = grid_model([0.0], [-6.0, 0.0, 6.0], 6, data=(X, y))
     random_q(model, torch.Generator().manual_seed(1))
     elbo = float(model.elbo(X, y))
+    model.batch_size = 10
     draws = torch.stack([
-        -TraceMeanField_ELBO().differentiable_loss(model.model, model.guide, X, y,
-                                                   batch_size=10).detach()
+        -TraceMeanField_ELBO().differentiable_loss(model.model, model.guide).detach()
         for _ in range(300)])
     standard_error = float(draws.std()) / math.sqrt(len(draws))
     assert abs(float(draws.mean()) - elbo) <= 4 * standard_error
@@ -308,9 +398,9 @@ def test_minibatch_loss_is_an_unbiased_estimate():
 def test_non_gaussian_likelihood_trains_by_svi():
     X, y = gp_data(150, -8, 8, seed=14)
     labels = (y > 0).to(y.dtype)
-    model = build_distributed_kernel_gp(X, 3, 8, lengthscale=1.0, likelihood="bernoulli")
-    config = DistributedKernelFitConfig(method="svi", steps=60, lr=0.05, batch_size=50)
-    result = fit_distributed_kernel(model, X, labels, config)
-    assert np.mean(result.losses[-10:]) < np.mean(result.losses[:10])
-    prob, _ = model.predict(X)
+    spec = DistributedKernelSpec(3, 8, likelihood="bernoulli", batch_size=50)
+    assert spec.method == "svi"
+    fit = fit_distributed_kernel((X, labels), spec, TrainConfig(steps=60, lr=0.05, tol=None))
+    assert np.mean(fit.result.losses[-10:]) < np.mean(fit.result.losses[:10])
+    prob, _ = fit.predictor.predict_y(X)
     assert float(((prob > 0.5).to(y.dtype) == labels).to(y.dtype).mean()) > 0.8

@@ -34,17 +34,6 @@ STEPS, LR = 25, 0.01
 NO_STEPS = TrainConfig(steps=0)
 
 
-@pytest.fixture(params=[True, False], ids=["module-local", "global-store"])
-def param_mode(request):
-    """Run under both of Pyro's parameter modes (the global store is Pyro's default)."""
-    previous = pyro.settings.get("module_local_params")
-    pyro.settings.set(module_local_params=request.param)
-    pyro.clear_param_store()
-    yield request.param
-    pyro.settings.set(module_local_params=previous)
-    pyro.clear_param_store()
-
-
 def series(n=120, seed=0, labels=False):
     rng = np.random.default_rng(seed)
     X = np.sort(rng.uniform(0, 6, size=(n, 1)), axis=0)

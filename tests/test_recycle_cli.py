@@ -76,7 +76,7 @@ def test_module_files_and_raw_data(capsys, folder, data_csv, modules_dir):
 def test_bad_inputs_give_one_line_errors(capsys, folder, data_csv, modules_dir):
     message = run_failing(capsys, "recycle", modules_dir, modules_dir / "part001.safetensors",
                           "--inducing", 5, "--out", folder / "twice")
-    assert "'part001' is given twice" in message
+    assert "part001.safetensors is given twice" in message
     message = run_failing(capsys, "recycle", folder / "missing", "--inducing", 5,
                           "--out", folder / "x")
     assert "missing" in message

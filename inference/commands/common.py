@@ -23,11 +23,14 @@ from pyrogp_models.modules.files import (
     INDEX_NAME,
     SUFFIX,
     load_modules_from,
+    partition_rule,
     read_index,
+    resolve_path,
     save_modules,
 )
+from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
-from pyrogp_models.modules.routing import Predictor, as_predictor, load_predictor
+from pyrogp_models.modules.routing import as_predictor, load_predictor
 
 
 # Reading modules ------------------------------------------------------------------------------
@@ -48,6 +51,7 @@ def predictor_from_args(args: argparse.Namespace
 
     A distributed-kernel file is one predictor that stands in for its own module (it has the
     ``info`` and ``input_dim`` that :func:`read_inputs` reads) and has no partition rule."""
+    args.modules = resolve_path(args.modules)
     if is_distributed_kernel_file(args.modules):
         if (args.rule, args.weights, args.temperature) != (None, None, None):
             raise DataError("--rule, --weights and --temperature combine modules; a "
@@ -55,7 +59,7 @@ def predictor_from_args(args: argparse.Namespace
         predictor = load_predictor(args.modules)
         return predictor, {args.modules.name: predictor}, None
     modules = load_modules_from(args.modules)
-    rule = read_index(args.modules).get("partition") if args.modules.is_dir() else None
+    rule = partition_rule(args.modules)
     if args.rule is None:
         if args.weights is not None or args.temperature is not None:
             raise DataError("--weights and --temperature only apply together with --rule")

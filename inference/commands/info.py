@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from inference.commands.common import describe_rule
-from inference.tables import format_number, format_table
+from inference.commands.common import MAX_ROWS, describe_rule, report_modules
+from inference.tables import format_number
 from pyrogp_models.models.distributed_kernel.files import is_distributed_kernel_file
-from pyrogp_models.modules.files import load_modules_from, read_index
+from pyrogp_models.modules.files import load_modules_from, partition_rule, resolve_path
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.routing import load_predictor
 
@@ -23,25 +23,29 @@ _SHOWN_OPTIONS = ("num_classes", "link")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="DIR_OR_FILE", type=Path,
                         help="a module file or a folder of modules")
+    parser.add_argument("--verbose", action="store_true",
+                        help=f"list every module (default: a summary beyond {MAX_ROWS})")
 
 
 def run(args: argparse.Namespace) -> int:
-    if is_distributed_kernel_file(args.path):
-        print(load_predictor(args.path).describe())
+    path = resolve_path(args.path)
+    if is_distributed_kernel_file(path):
+        print(load_predictor(path).describe())
         return 0
-    modules = load_modules_from(args.path)
-    rule = read_index(args.path).get("partition") if args.path.is_dir() else None
-    headers = ["module", "N", "M", "kernel", "lengthscale", "variance", "likelihood", "ELBO"]
-    rows = [(name, module.num_data, module.num_inducing, _kernel(module),
-             _values(module.lengthscale), _values(module.variance), _likelihood(module),
-             module.elbo) for name, module in modules.items()]
-    print(format_table(headers, rows))
+    modules = load_modules_from(path)
+    rule = partition_rule(path)
+    print(report_modules(modules, {
+        "N": lambda m: m.num_data, "M": lambda m: m.num_inducing, "kernel": _kernel,
+        "lengthscale": lambda m: _values(m.lengthscale),
+        "variance": lambda m: _values(m.variance), "likelihood": _likelihood,
+        "ELBO": lambda m: m.elbo}, args.verbose))
     first = next(iter(modules.values()))
     rule_text = describe_rule(rule) if rule else first.info.get("partition_rule", "none")
     print(f"\npartition rule: {rule_text}")
     if "features" in first.info:
         print(f"features: {', '.join(first.info['features'])}; target: {first.info.get('target')}")
-    print("kernel and Gaussian noise parameters are in standardised units")
+    print("kernel and Gaussian noise parameters are in standardised units; flags: ELBO per point "
+          "far below the siblings' (outlier), a fit that stopped unconverged")
     return 0
 
 

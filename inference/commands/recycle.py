@@ -25,7 +25,13 @@ from pyrogp_models.data import load_table, require_finite
 from pyrogp_models.errors import DataError, IncompatibleModulesError, UnboundedBoundError
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning, describe_unbounded
-from pyrogp_models.modules.files import SUFFIX, load_modules_from, save_module
+from pyrogp_models.modules.files import (
+    SUFFIX,
+    load_module,
+    module_files,
+    resolve_path,
+    save_module,
+)
 from pyrogp_models.modules.record import Module
 
 NAME = "recycle"
@@ -140,15 +146,27 @@ def _output_path(path: Path) -> Path:
 
 
 def _load_all(paths: list[Path]) -> dict[str, Module]:
-    """Every module of every path; a module name may appear only once."""
+    """Every module of every path, by name; when names clash between paths every module is
+    named by its path as well (``siteA/part000``; a file by its path without ``.safetensors``),
+    so folders of modules with the same names recycle together. A module file given twice is
+    refused."""
+    files = [module_files(path) for path in paths]
+    seen: dict[Path, Path] = {}
+    for path, found in zip(paths, files, strict=True):
+        for file in found.values():
+            if file.resolve() in seen:
+                raise DataError(f"module file {file} is given twice ({seen[file.resolve()]} and "
+                                f"{path}); recycle each module once")
+            seen[file.resolve()] = path
+    names = [name for found in files for name in found]
+    qualify = len(set(names)) < len(names)
     modules: dict[str, Module] = {}
-    source: dict[str, Path] = {}
-    for path in paths:
-        for name, module in load_modules_from(path).items():
-            if name in modules:
-                raise DataError(f"module '{name}' is given twice ({source[name]} and {path}); "
-                                "recycle each module once")
-            modules[name], source[name] = module, path
+    for path, found in zip(paths, files, strict=True):
+        label = str(path).rstrip("/").removesuffix(SUFFIX)
+        folder = resolve_path(path).is_dir()
+        for name, file in found.items():
+            modules[(f"{label}/{name}" if folder else label) if qualify else name] = \
+                load_module(file)
     return modules
 
 

@@ -19,6 +19,7 @@ from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 
 from pyrogp_models.kernels.fused_rbf import rbf_weighted_cross_covariance, rbf_weighted_gram
+from pyrogp_models.layers.naming import unique_name
 
 #: Smallest squared distance fed to a square root, keeping Matérn gradients finite at r = 0.
 _MIN_SQUARED_DISTANCE = 1e-36
@@ -88,13 +89,16 @@ class Stationary(PyroModule):
         lengthscale, variance: initial values (scalars or broadcastable tensors).
         learn_variance: σ² is a parameter (``False``: a fixed buffer, e.g. unit-variance latent
             functions whose amplitude lives elsewhere).
+        name: the Pyro name of a kernel used on its own (default: a fresh one; inside a model
+            the model names it).
     """
 
     def __init__(self, family: str, input_dim: int, batch_shape: tuple[int, ...] = (),
                  ard: bool = False, lengthscale: float | torch.Tensor = 1.0,
                  variance: float | torch.Tensor = 1.0, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None, learn_variance: bool = True):
-        super().__init__()
+                 device: torch.device | str | None = None, learn_variance: bool = True,
+                 name: str | None = None):
+        super().__init__(name or unique_name(family))
         if family not in PROFILES:
             raise ValueError(f"unknown kernel family '{family}'; choose from {sorted(PROFILES)}")
         self.family = family

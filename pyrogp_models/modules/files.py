@@ -4,7 +4,10 @@ One module is one ``.safetensors`` file. Its header's ``__metadata__`` holds the
 (kernel family, likelihood, standardisation, N, ELBO, format version, ...) and a SHA-256 digest of
 the record and of every tensor's bytes, so a flipped byte anywhere is detected. A folder of
 modules has an index, ``modules.json``, naming the module files and the rule that partitioned the
-data (so new points can be routed to the module of their partition).
+data (so new points can be routed to the module of their partition), with a SHA-256 digest of
+its own content; it may name only plain file names inside the folder. A folder of module files
+collected from several sites without an index is read as a set of modules (recycling and
+combining need no index; routing does).
 
 Writes are atomic (temporary file + rename); module files are written before the index, so a crash
 never leaves an index naming a half-written module.
@@ -185,20 +188,27 @@ def save_modules(modules: dict[str, Module], folder: str | Path,
         if not _NAME_PATTERN.match(name):
             raise ValueError(f"module name '{name}' may only use letters, digits, '.', '_', '-'")
     rule = partition.rule if isinstance(partition, Partition) else partition
-    files = {name: f"{name}{SUFFIX}" for name in modules}
-    index = json.dumps({"format": "pyrogp-modules", "format_version": FORMAT_VERSION,
-                        "modules": files, "partition": rule}, indent=1).encode()
+    record = {"format": "pyrogp-modules", "format_version": FORMAT_VERSION,
+              "modules": {name: f"{name}{SUFFIX}" for name in modules}, "partition": rule}
+    index = json.dumps({**record, "sha256": _index_digest(record)}, indent=1).encode()
     contents = {name: module_to_bytes(module) for name, module in modules.items()}
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in contents.items():
-        atomic_write(folder / files[name], data)
+        atomic_write(folder / record["modules"][name], data)
     atomic_write(folder / INDEX_NAME, index)
     return folder
 
 
+def _index_digest(record: dict) -> str:
+    """SHA-256 of an index's canonical JSON (without its own digest)."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
 def read_index(folder: str | Path) -> dict:
-    """The index of a module folder."""
-    path = Path(folder) / INDEX_NAME
+    """The index of a module folder, checked: its digest, and that every module file it names
+    is a plain file name inside the folder (no separators, no ``..``, no link leading out)."""
+    folder = Path(folder)
+    path = folder / INDEX_NAME
     if not path.is_file():
         raise ModuleFileError(f"{folder}: not a module folder (no {INDEX_NAME})")
     try:
@@ -207,22 +217,69 @@ def read_index(folder: str | Path) -> dict:
             raise ValueError
     except Exception:  # noqa: BLE001
         raise ModuleFileError(f"{path}: not a readable module index") from None
+    record = {key: value for key, value in index.items() if key != "sha256"}
+    if index.get("sha256") != _index_digest(record):
+        raise ModuleFileError(f"{path}: checksum mismatch: the index was corrupted or modified")
+    for name, file in index["modules"].items():
+        if not (isinstance(name, str) and isinstance(file, str) and _plain_file(folder, file)):
+            raise ModuleFileError(f"{path}: module '{name}' names the file {file!r}, which is "
+                                  "not a plain file name inside the folder")
     return index
 
 
+def _plain_file(folder: Path, file: str) -> bool:
+    """A file name without separators or ``..`` whose real path stays inside ``folder``."""
+    if not _NAME_PATTERN.match(file) or file in (".", "..") or not file.endswith(SUFFIX):
+        return False
+    target = folder / file
+    return not target.exists() or target.resolve().parent == folder.resolve()
+
+
+def module_files(path: str | Path) -> dict[str, Path]:
+    """The module files of a folder by module name: those its index names, in index order, or —
+    in a folder of module files collected without an index — every ``*.safetensors`` file, by
+    name; for a module file, itself."""
+    path = resolve_path(path)
+    if not path.is_dir():
+        return {path.name.removesuffix(SUFFIX): path}
+    if (path / INDEX_NAME).exists():
+        return {name: path / file for name, file in read_index(path)["modules"].items()}
+    files = sorted(file for file in path.glob(f"*{SUFFIX}") if file.is_file())
+    if not files:
+        raise ModuleFileError(f"{path}: no module files (*{SUFFIX}) and no {INDEX_NAME}")
+    return {file.name.removesuffix(SUFFIX): file for file in files}
+
+
 def load_modules(folder: str | Path) -> dict[str, Module]:
-    """Read every module named by the folder's index, in index order."""
-    folder = Path(folder)
-    index = read_index(folder)
-    return {name: load_module(folder / file) for name, file in index["modules"].items()}
+    """Every module of a folder (:func:`module_files`), validated."""
+    return {name: load_module(file) for name, file in module_files(folder).items()}
+
+
+def partition_rule(path: str | Path) -> dict | None:
+    """The partition rule stored with a module folder (None for a file or a folder without an
+    index)."""
+    path = Path(path)
+    if path.is_dir() and (path / INDEX_NAME).exists():
+        return read_index(path).get("partition")
+    return None
+
+
+def resolve_path(path: str | Path) -> Path:
+    """The module file or folder a user means by ``path``: as written, or with ``.safetensors``
+    appended when only that exists."""
+    path = Path(path)
+    if path.exists():
+        return path
+    with_suffix = path.with_name(path.name + SUFFIX)
+    if not path.name.endswith(SUFFIX) and with_suffix.is_file():
+        return with_suffix
+    raise ModuleFileError(f"{path}: no such module file or folder")
 
 
 def load_modules_from(path: str | Path) -> dict[str, Module]:
-    """A module file (``{stem: module}``) or a module folder."""
-    path = Path(path)
-    if path.is_dir():
-        return load_modules(path)
-    return {path.name.removesuffix(SUFFIX): load_module(path)}
+    """A module file (``{stem: module}``) or a module folder, the path as the user typed it
+    (:func:`resolve_path`)."""
+    return load_modules(path)
 
 
 def atomic_write(path: Path, data: bytes) -> None:

@@ -147,7 +147,8 @@ class Predictor:
         pointwise log-likelihood log p(y_i | f_i) [S, N]."""
         likelihood = self.likelihood()
         targets = self.model_targets(y)
-        draws = self.posterior_draws(X, num_samples, labels, seed)
+        draws = {name.rsplit(".", 1)[-1]: value
+                 for name, value in self.posterior_draws(X, num_samples, labels, seed).items()}
         f, y_draws = draws.pop("f"), draws.pop("y")
         with torch.no_grad():
             log_lik = likelihood.distribution(f).log_prob(targets) - self.log_output_scale()
@@ -155,8 +156,7 @@ class Predictor:
             y_draws = self.standardisation.inverse_y_mean(y_draws)
             if f.dim() == 2:
                 f = self.standardisation.inverse_y_mean(f)
-        latents = {name.rsplit(".", 1)[-1]: value for name, value in draws.items()}
-        return {**latents, "f": f}, y_draws, log_lik
+        return {**draws, "f": f}, y_draws, log_lik
 
     def to_inference_data(self, X, y, labels=None, num_samples: int = 500, seed: int = 0):
         """ArviZ container of posterior draws at the observed (X, y), data units (module

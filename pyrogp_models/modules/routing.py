@@ -18,7 +18,7 @@ import torch
 from pyrogp_models.data.partitioners import route
 from pyrogp_models.errors import DataError, ModuleFileError
 from pyrogp_models.likelihoods import Likelihood
-from pyrogp_models.modules.files import load_modules_from, read_index
+from pyrogp_models.modules.files import load_modules_from, partition_rule, resolve_path
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.stack import check_compatible
@@ -141,9 +141,7 @@ def load_predictor(path: str | Path) -> Predictor:
         load_distributed_kernel,
     )
 
-    path = Path(path)
+    path = resolve_path(path)
     if is_distributed_kernel_file(path):
         return load_distributed_kernel(path)
-    modules = load_modules_from(path)
-    rule = read_index(path).get("partition") if path.is_dir() else None
-    return as_predictor(modules, rule)
+    return as_predictor(load_modules_from(path), partition_rule(path))

@@ -20,9 +20,13 @@ from dataclasses import dataclass, field
 import torch
 
 from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
-from pyrogp_models.gaussian.linalg import cholesky, cholesky_solve
+from pyrogp_models.gaussian.linalg import cholesky, cholesky_solve, inverse_cholesky
 from pyrogp_models.models.distributed_kernel.halo import Halo, greedy_colouring, region_graph
-from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
+from pyrogp_models.models.distributed_kernel.model import (
+    DistributedKernelGP,
+    pair_means,
+    pair_residual_variances,
+)
 
 
 @dataclass
@@ -59,13 +63,14 @@ def backfit(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
     halo, A, prior_diag, _ = model.projections(X, halo)
     colours = region_colours(model) if colours is None else colours
     colours = colours.to(X.device)
-    eye = torch.eye(model.num_inducing, dtype=A.dtype, device=A.device)
-    B_chol = cholesky(eye + A @ A.mT / noise, 0.0, what="backfitting matrix I + A_jA_jᵀ/σ²")
-    q_sqrt = cholesky(torch.cholesky_inverse(B_chol), 0.0, what="optimal q(v_j) covariance")
-    var = halo.scatter(prior_diag - A.square().sum(-2) + (q_sqrt.mT @ A).square().sum(-2))
+    B = block_precisions(A, noise)
+    B_chol = cholesky(B, 0.0, what="backfitting matrix I + A_jA_jᵀ/σ²")
+    q_sqrt = inverse_cholesky(B, what="backfitting matrix I + A_jA_jᵀ/σ²")
+    var = halo.scatter(pair_residual_variances(A, prior_diag)
+                       + (q_sqrt.mT @ A).square().sum(-2))
     y_pairs = halo.gather(y) * halo.mask
     mean = model.q_mean.detach().clone()
-    mean_pairs = (A * mean.unsqueeze(-1)).sum(-2) * halo.mask                 # [J, P]
+    mean_pairs = pair_means(A, mean)                                          # [J, P]
     total = halo.scatter(mean_pairs)
     kl_cov = kl_to_standard_normal(torch.zeros_like(mean), q_sqrt).sum()
     n = X.shape[0]
@@ -84,7 +89,7 @@ def backfit(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
             residual = y_pairs[group] - total[index] * mask + mean_pairs[group]
             rhs = (A[group] @ residual.unsqueeze(-1)) / noise
             mean[group] = cholesky_solve(B_chol[group], rhs).squeeze(-1)
-            new_pairs = (A[group] * mean[group].unsqueeze(-1)).sum(-2) * mask
+            new_pairs = pair_means(A[group], mean[group])
             total = total.index_add(0, index.reshape(-1),
                                     (new_pairs - mean_pairs[group]).reshape(-1))
             mean_pairs[group] = new_pairs
@@ -98,30 +103,49 @@ def backfit(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
     return result
 
 
+def block_precisions(A: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The diagonal blocks B̃_jj = I + A_jA_jᵀ/σ² of the ridge system, [J, m, m]."""
+    eye = torch.eye(A.shape[-2], dtype=A.dtype, device=A.device)
+    return eye + A @ A.mT / noise
+
+
 @dataclass
 class SolveResult:
-    """Relative residual ‖b − Hm‖/‖b‖ after each conjugate-gradient iteration."""
+    """The relative residual ‖b − Hm‖/‖b‖ before and after each conjugate-gradient iteration
+    ([iterations + 1], on the model's device) and the tolerance the solve aimed at."""
 
-    residuals: list[float] = field(default_factory=list)
-    iterations: int = 0
-    converged: bool = False
+    residuals: torch.Tensor
+    tol: float
+
+    @property
+    def iterations(self) -> int:
+        return self.residuals.numel() - 1
+
+    @property
+    def converged(self) -> bool:
+        """Whether the last residual met the tolerance (reads it back to the host)."""
+        return bool(self.residuals[-1] <= self.tol)
 
 
 @torch.no_grad()
 def solve_meanfield(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
                     max_iters: int = 500, tol: float = 1e-10, halo: Halo | None = None,
-                    projections=None) -> SolveResult:
+                    projections=None, checked: bool = True) -> SolveResult:
     """Overwrite the mean-field q(v) with its optimum by block-Jacobi-preconditioned CG.
 
     The optimal means solve the same ridge system as backfitting, H m = Ãy/σ² with
     H = I + ÃÃᵀ/σ² (they equal the joint optimum, see :mod:`.collapsed`); backfitting is block
     Gauss–Seidel on it and crawls when neighbouring regions explain the same data (small σ², wide
     halos), so this solver runs conjugate gradients preconditioned by the diagonal blocks B̃_jj
-    instead.
+    instead, warm-started from the current ``q_mean``.
     A matrix–vector product with H costs O(Σ_j |D_j| m) through the halo; the preconditioner
     O(J m²); all regions at once. Covariances are set to B̃_jj⁻¹ as in :func:`backfit`.
-    ``projections`` reuses :meth:`DistributedKernelGP.projections` output (e.g. from a training
-    step that differentiates the ELBO through it afterwards).
+    ``projections`` reuses :meth:`DistributedKernelGP.projections` output.
+
+    ``checked`` (the final solve): the residual is read back after every iteration and the solve
+    stops once ‖r‖ ≤ tol‖b‖. Unchecked (the training hook, :mod:`inference.distributed_kernel_fit`):
+    exactly ``max_iters`` iterations and nothing read back; the same test runs on the device and
+    gives the converged iterations steps of length zero (``torch.where``), freezing the solution.
     """
     if model.variational != "meanfield" or model.likelihood.name != "gaussian":
         raise ValueError("the mean-field solver needs the mean-field variant and a Gaussian "
@@ -129,40 +153,36 @@ def solve_meanfield(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor
     noise = model.likelihood.variance.detach()
     halo, A, _, _ = model.projections(X, halo) if projections is None else projections
     A = A.detach()
-    eye = torch.eye(model.num_inducing, dtype=A.dtype, device=A.device)
-    B_chol = cholesky(eye + A @ A.mT / noise, 0.0, what="block matrix I + A_jA_jᵀ/σ²")
+    B = block_precisions(A, noise)
+    B_chol = cholesky(B, 0.0, what="block matrix I + A_jA_jᵀ/σ²")
 
     def apply(v: torch.Tensor) -> torch.Tensor:                # H v, v [J, m]
-        f = halo.scatter((A * v.unsqueeze(-1)).sum(-2))
+        f = halo.scatter(pair_means(A, v))
         return v + (A @ halo.gather(f).unsqueeze(-1)).squeeze(-1) / noise
 
     def precondition(r: torch.Tensor) -> torch.Tensor:
         return cholesky_solve(B_chol, r.unsqueeze(-1)).squeeze(-1)
 
     b = (A @ halo.gather(y).unsqueeze(-1)).squeeze(-1) / noise
-    b_norm = float(b.norm()) or 1.0
+    b_norm = b.norm().clamp_min(torch.finfo(b.dtype).tiny)
     mean = model.q_mean.detach().clone()
     residual = b - apply(mean)
     z = precondition(residual)
-    direction = z.clone()
+    direction = z
     rz = (residual * z).sum()
-    result = SolveResult(residuals=[float(residual.norm()) / b_norm])
+    residuals = [residual.norm() / b_norm]
     for _ in range(max_iters):
-        if result.residuals[-1] <= tol:
-            result.converged = True
+        if checked and float(residuals[-1]) <= tol:
             break
+        active = residuals[-1] > tol
         Hd = apply(direction)
-        step = rz / (direction * Hd).sum()
+        step = torch.where(active, rz / (direction * Hd).sum(), 0.0)
         mean = mean + step * direction
         residual = residual - step * Hd
         z = precondition(residual)
         rz_new = (residual * z).sum()
-        direction = z + (rz_new / rz) * direction
+        direction = z + torch.where(active, rz_new / rz, 0.0) * direction
         rz = rz_new
-        result.iterations += 1
-        result.residuals.append(float(residual.norm()) / b_norm)
-    else:
-        result.converged = result.residuals[-1] <= tol
-    q_sqrt = cholesky(torch.cholesky_inverse(B_chol), 0.0, what="optimal q(v_j) covariance")
-    model.set_whitened_posterior(mean, q_sqrt)
-    return result
+        residuals.append(residual.norm() / b_norm)
+    model.set_whitened_posterior(mean, inverse_cholesky(B, what="block matrix I + A_jA_jᵀ/σ²"))
+    return SolveResult(torch.stack(residuals), tol)

@@ -20,7 +20,12 @@ import math
 
 import torch
 
-from pyrogp_models.gaussian.linalg import cholesky, logdet_from_cholesky, triangular_solve
+from pyrogp_models.gaussian.linalg import (
+    cholesky,
+    inverse_cholesky,
+    logdet_from_cholesky,
+    triangular_solve,
+)
 from pyrogp_models.models.distributed_kernel.halo import Halo, full_halo
 from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
 
@@ -89,10 +94,9 @@ def meanfield_collapsed_bound(model: DistributedKernelGP, X: torch.Tensor, y: to
 def optimal_joint_posterior(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
                             halo: Halo | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The joint optimum q(v) = N(B̃⁻¹Ãy/σ², B̃⁻¹): mean [Jm], lower Cholesky factor [Jm, Jm]."""
-    _, _, _, _, B_chol, c = _collapsed_terms(model, X, y, halo)
+    _, _, _, B, B_chol, c = _collapsed_terms(model, X, y, halo)
     mean = triangular_solve(B_chol, c.unsqueeze(-1), transpose=True).squeeze(-1)
-    chol = cholesky(torch.cholesky_inverse(B_chol), 0.0, what="optimal q covariance")
-    return mean, chol
+    return mean, inverse_cholesky(B, what="collapsed matrix I + ÃÃᵀ/σ²")
 
 
 @torch.no_grad()
@@ -103,6 +107,5 @@ def optimal_meanfield_posterior(model: DistributedKernelGP, X: torch.Tensor, y: 
     _, _, _, B, B_chol, c = _collapsed_terms(model, X, y, halo)
     mean = triangular_solve(B_chol, c.unsqueeze(-1), transpose=True).squeeze(-1)
     blocks = _diagonal_blocks(B, model.num_regions, model.num_inducing)
-    block_chol = cholesky(blocks, 0.0, what="block B̃_jj")
-    chol = cholesky(torch.cholesky_inverse(block_chol), 0.0, what="optimal q(v_j) covariance")
+    chol = inverse_cholesky(blocks, what="block B̃_jj")
     return mean.reshape(model.num_regions, model.num_inducing), chol

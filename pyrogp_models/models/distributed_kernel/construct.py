@@ -1,7 +1,7 @@
 """Building a distributed-kernel GP for a data set: default regions and per-region Z.
 
-- Regions: a 1-D split of the dimension with the largest range/ℓ at data quantiles, every region
-  at least ``min_width``·ℓ wide
+- Regions: a 1-D split of one dimension (by default the one with the largest range/ℓ) at data
+  quantiles, every region at least ``min_width``·ℓ wide
   (:func:`~pyrogp_models.models.distributed_kernel.regions.default_regions`),
   or any :class:`Regions` (e.g. from the greedy tree of
   :mod:`~pyrogp_models.models.distributed_kernel.tree`).
@@ -16,10 +16,11 @@ import torch
 
 from pyrogp_models.data.inducing import init_inducing
 from pyrogp_models.errors import DataError
+from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.kernels import RBF
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.distributed_kernel.halo import DEFAULT_EPS
-from pyrogp_models.models.distributed_kernel.model import DEFAULT_JITTER, DistributedKernelGP
+from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
 from pyrogp_models.models.distributed_kernel.regions import Regions, default_regions
 
 
@@ -54,6 +55,7 @@ def build_distributed_kernel_gp(
     X: torch.Tensor,
     num_regions: int,
     num_inducing: int,
+    y: torch.Tensor | None = None,
     lengthscale: float | torch.Tensor = 1.0,
     variance: float = 1.0,
     likelihood: str = "gaussian",
@@ -61,19 +63,23 @@ def build_distributed_kernel_gp(
     variational: str = "meanfield",
     ard: bool = False,
     regions: Regions | None = None,
+    dim: int | None = None,
     learn_cuts: bool = False,
     learn_inducing: bool = True,
     min_width: float = 2.0,
     inducing_method: str = "grid",
     jitter: float = DEFAULT_JITTER,
     halo_eps: float = DEFAULT_EPS,
-    name: str = "dk",
-    **likelihood_options,
+    batch_size: int | None = None,
+    name: str | None = None,
+    likelihood_options: dict | None = None,
 ) -> DistributedKernelGP:
-    """A :class:`DistributedKernelGP` with default regions and Z for the inputs X [N, D].
+    """A :class:`DistributedKernelGP` with default regions (cut along ``dim``, by default the
+    dimension with the largest range/ℓ) and Z for the inputs X [N, D], with (X, y) bound as its
+    training data when the targets y [N] are given.
 
-    ``noise`` sets the Gaussian likelihood's variance; other likelihood options go through
-    ``likelihood_options``."""
+    ``likelihood_options`` are the likelihood's options and initial parameter values; ``noise``
+    is short for the Gaussian likelihood's variance."""
     if X.dim() != 2:
         raise DataError(f"inputs must be a matrix [N, D], got shape {tuple(X.shape)}")
     input_dim = X.shape[1]
@@ -81,11 +87,13 @@ def build_distributed_kernel_gp(
                  dtype=X.dtype, device=X.device)
     if regions is None:
         regions = default_regions(X, num_regions, kernel.lengthscale.detach(), min_width,
-                                  learn_cuts)
+                                  learn_cuts, dim)
     Z = init_region_inducing(X, regions, num_inducing, inducing_method)
+    options = dict(likelihood_options or {})
     if noise is not None:
-        likelihood_options["variance"] = noise
-    lik = make_likelihood(likelihood, (), X.dtype, X.device, **likelihood_options)
-    return DistributedKernelGP(regions, Z, kernel, lik, variational=variational,
-                               learn_inducing=learn_inducing, jitter=jitter, halo_eps=halo_eps,
+        options["variance"] = noise
+    lik = make_likelihood(likelihood, (), X.dtype, X.device, **options)
+    return DistributedKernelGP(regions, Z, kernel, lik, None if y is None else X, y,
+                               variational=variational, learn_inducing=learn_inducing,
+                               jitter=jitter, halo_eps=halo_eps, batch_size=batch_size,
                                name=name)

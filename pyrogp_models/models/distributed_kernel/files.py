@@ -1,17 +1,17 @@
 """Distributed-kernel files: one fitted :class:`DistributedKernelGP` in one safetensors file.
 
 The style of module files (:mod:`pyrogp_models.modules.files`): the header's ``__metadata__`` holds
-a
-JSON record (``"format": "pyrogp-distkernel"``, format version, kernel family and ARD, likelihood
-name and options, variational family, region structure, standardisation, N, ELBO, features and
-target) and a SHA-256 digest of the record and every tensor. The tensors are the cut values of each
-active dimension (``cuts.<d>``), Z [J, m, D], the whitened q(v) (``q_mean``, ``q_sqrt``) and the
-hyperparameters (``kernel.*``, ``likelihood.*``), all in standardised units. Loading checks the
-digest, every shape and value, and never unpickles; any problem raises :class:`ModuleFileError`
-naming the file.
+a JSON record (``"format": "pyrogp-distkernel"``, format version, kernel family and ARD,
+likelihood name and options, variational family, region structure, standardisation, N, ELBO,
+features and target) and a SHA-256 digest of the record and every tensor. The tensors are the cut
+values of each active dimension (``cuts.<d>``), Z [J, m, D], the whitened q(v) (``q_mean`` [J, m],
+or [J·m] for the joint q, and ``q_sqrt``) and the hyperparameters (``kernel.*``,
+``likelihood.*``), all in standardised units. Loading checks the digest, every shape and value,
+and never unpickles; any problem raises :class:`ModuleFileError` naming the file.
 
-:class:`DistributedKernelPredictor` is the fitted model under the predictor protocol of
-:mod:`pyrogp_models.modules.routing`: it takes and returns data units.
+:class:`DistributedKernelPredictor` is the fitted model as a
+:class:`~pyrogp_models.modules.predictor.Predictor`: it takes and returns data units. The file
+holds no training data (the model's bound data are not written).
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from safetensors.torch import save as save_safetensors
 from pyrogp_models.data import Standardisation
 from pyrogp_models.errors import CholeskyError, ModuleFileError
 from pyrogp_models.kernels import RBF
-from pyrogp_models.likelihoods import LIKELIHOODS, make_likelihood
+from pyrogp_models.likelihoods import LIKELIHOODS, Likelihood, make_likelihood
 from pyrogp_models.models.distributed_kernel.model import VARIATIONAL, DistributedKernelGP
 from pyrogp_models.models.distributed_kernel.regions import Regions
 from pyrogp_models.modules.files import _digest, atomic_write
+from pyrogp_models.modules.predictor import Predictor
 
 FORMAT = "pyrogp-distkernel"
 FORMAT_VERSION = 1
@@ -41,11 +42,16 @@ FORMAT_VERSION = 1
 _MAX_HEADER = 100_000_000
 
 
-class DistributedKernelPredictor:
-    """A fitted distributed-kernel GP with its standardisation; inputs and outputs in data units.
+class DistributedKernelPredictor(Predictor):
+    """A fitted distributed-kernel GP with its standardisation: a
+    :class:`~pyrogp_models.modules.predictor.Predictor` taking and returning data units.
 
-    ``info`` (``features``, ``target``, ...) and ``input_dim`` are as on a
-    :class:`~pyrogp_models.modules.record.Module`, so the command line reads inputs for both alike.
+    ``info`` (``features``, ``target``, ...) is as on a :class:`~pyrogp_models.modules.record.
+    Module`, so the command line reads inputs for both alike. The predictor wraps ``model`` itself
+    (no copy): a fit's predictor follows its model if training continues. Posterior draws
+    (``posterior_draws``, ``to_inference_data``) go through the model's inducing
+    variables (:meth:`DistributedKernelGP.predictive_model`): sites ``u`` (the whitened inducing
+    values, [J, m], or [J·m] for the joint q), ``f`` and ``y``.
     """
 
     def __init__(self, model: DistributedKernelGP, standardisation: Standardisation,
@@ -55,44 +61,38 @@ class DistributedKernelPredictor:
         self.num_data = int(num_data)
         self.elbo = float(elbo)
         self.info = dict(info or {})
-        self.likelihood_name = model.likelihood.name
-        self.is_classifier = LIKELIHOODS[self.likelihood_name].is_classifier
-        self.feature_names = self.info.get("features")
-        self.target_name = self.info.get("target")
 
     @property
     def input_dim(self) -> int:
         return self.model.regions.input_dim
 
-    def _inputs(self, X) -> torch.Tensor:
-        X = torch.as_tensor(X, dtype=self.model.inducing.dtype)
-        return self.standardisation.transform_x(X)
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.q_mean.dtype
 
-    @torch.no_grad()
-    def predict_f(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Latent mean and variance [N] in model units (standardised for Gaussian targets)."""
-        return self.model.predict_latent(self._inputs(X))
+    @property
+    def device(self) -> torch.device:
+        return self.model.q_mean.device
 
-    @torch.no_grad()
-    def predict_y(self, X, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, var = self.model.likelihood.predictive_moments(*self.predict_f(X))
-        if self.model.likelihood.standardise_targets:
-            return (self.standardisation.inverse_y_mean(mean),
-                    self.standardisation.inverse_y_var(var))
-        return mean, var
-
-    @torch.no_grad()
-    def log_predictive(self, X, y, labels=None) -> torch.Tensor:
+    def likelihood(self) -> Likelihood:
+        """A frozen copy of the model's likelihood."""
         likelihood = self.model.likelihood
-        y = torch.as_tensor(y, dtype=self.model.inducing.dtype)
-        likelihood.validate_targets(y)
-        mean, var = self.predict_f(X)
-        if not likelihood.standardise_targets:
-            return likelihood.log_predictive(y, mean, var)
-        log_scale = math.log(self.standardisation.y_scale)
-        return likelihood.log_predictive(self.standardisation.transform_y(y), mean, var) - log_scale
+        values = {key: value.detach() for key, value in likelihood.parameter_values().items()}
+        return make_likelihood(likelihood.name, (), self.dtype, self.device,
+                               **likelihood.options(), **values).requires_grad_(False)
 
-    @torch.no_grad()
+    def latent(self, X: torch.Tensor, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q(f) at X [N, D] (data units): mean and variance [N] in model units."""
+        return self.model.predict_latent(self.standardisation.transform_x(X))
+
+    def predictive_model(self, X: torch.Tensor, labels=None):
+        """The model's v, f | v and y | f at X [N, D] (data units), model units."""
+        return self.model.predictive_model(self.standardisation.transform_x(X))[1]
+
+    def predictive_guide(self, X: torch.Tensor, labels=None):
+        """q(v) of the model."""
+        self.model.predictive_guide()
+
     def describe(self) -> str:
         """A few lines: regions (cuts in data units), m, hyperparameters, likelihood, ELBO."""
         model = self.model
@@ -107,7 +107,7 @@ class DistributedKernelPredictor:
                      f"signal variance {float(model.kernel.variance):.4g}")
         settings = [f"{k}={v}" for k, v in model.likelihood.options().items()]
         settings += [f"{k}={float(v):.4g}" for k, v in model.likelihood.parameter_values().items()]
-        lines.append(f"likelihood: {self.likelihood_name}"
+        lines.append(f"likelihood: {model.likelihood.name}"
                      + (f" ({', '.join(settings)})" if settings else ""))
         lines.append(f"N = {self.num_data}, ELBO = {self.elbo:.6g}")
         if self.feature_names is not None:
@@ -140,8 +140,9 @@ def predictor_to_bytes(predictor: DistributedKernelPredictor) -> bytes:
     values = regions.cut_values()
     tensors = {f"cuts.{d}": values[a, :int(regions.num_cuts[a])]
                for a, d in enumerate(regions.active_dims)}
-    tensors.update({"inducing": model.inducing, "q_mean": model.q_mean,
-                    "q_sqrt": model.q_sqrt, "kernel.lengthscale": model.kernel.lengthscale,
+    q_mean = model.q_mean.flatten() if model.variational == "joint" else model.q_mean
+    tensors.update({"inducing": model.inducing, "q_mean": q_mean, "q_sqrt": model.q_sqrt,
+                    "kernel.lengthscale": model.kernel.lengthscale,
                     "kernel.variance": model.kernel.variance})
     tensors.update({f"likelihood.{k}": v
                     for k, v in model.likelihood.parameter_values().items()})

@@ -46,10 +46,11 @@ class Halo:
         return self.mask.sum(-1)
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
-        """Σ_j values[j, p] into the points: [J, P] → [N] (padding contributes nothing)."""
-        flat = torch.where(self.mask, values, torch.zeros_like(values)).reshape(-1)
-        out = values.new_zeros(self.num_points)
-        return out.index_add(0, self.index.reshape(-1), flat)
+        """Σ_j values[..., j, p] into the points: [..., J, P] → [..., N], for any leading
+        (e.g. sample) dimensions; padding contributes nothing."""
+        flat = torch.where(self.mask, values, torch.zeros_like(values)).flatten(-2)
+        out = values.new_zeros(*values.shape[:-2], self.num_points)
+        return out.index_add(-1, self.index.reshape(-1), flat)
 
     def gather(self, point_values: torch.Tensor) -> torch.Tensor:
         """point_values[index]: [N, ...] → [J, P, ...]."""

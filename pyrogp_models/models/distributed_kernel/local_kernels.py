@@ -13,8 +13,10 @@ the A active dimensions (see :class:`~pyrogp_models.models.distributed_kernel.re
 from __future__ import annotations
 
 import torch
+from pyro.nn import PyroModule
 
 from pyrogp_models.kernels import Stationary
+from pyrogp_models.layers.naming import unique_name
 from pyrogp_models.models.distributed_kernel.regions import Regions
 from pyrogp_models.models.distributed_kernel.windows import log_box_mass
 
@@ -56,16 +58,20 @@ def local_diagonal(X: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
                                    0.5 * ell).exp()
 
 
-class LocalKernels(torch.nn.Module):
-    """The J local kernels of one SE kernel and one set of regions, as callables.
+class LocalKernels(PyroModule):
+    """The J local kernels of one SE kernel and one set of regions: a batched kernel, batch (J,).
 
     ``forward(X, Z)`` with X [N, D] and Z [M, D] gives every k_j(X, Z) as [J, N, M]; batched inputs
-    [J, N, D] pair region j with its own points. A plain ``nn.Module`` holding the two Pyro modules,
-    so their parameters (ℓ, σ_f², cuts) are shared with whatever model owns them.
+    [J, N, D] pair region j with its own points (the kernel interface of
+    :class:`~pyrogp_models.layers.SparseGPLayer`). The SE kernel (ℓ, σ_f²) and the regions (cuts)
+    are its Pyro submodules, so a model holding the local kernels trains their parameters. Used
+    on its own it takes a fresh Pyro ``name`` (default ``"local_kernels"``, then
+    ``"local_kernels_2"``, …), so that local kernels never share parameters in Pyro's global
+    parameter store; inside a model it is renamed after its place there.
     """
 
-    def __init__(self, kernel: Stationary, regions: Regions):
-        super().__init__()
+    def __init__(self, kernel: Stationary, regions: Regions, name: str | None = None):
+        super().__init__(name or unique_name("local_kernels"))
         check_family(kernel)
         if kernel.batch_shape != torch.Size([]):
             raise ValueError("the local kernels share one set of hyperparameters: use a kernel "

@@ -233,9 +233,11 @@ def split_dimension(X: torch.Tensor, lengthscale: torch.Tensor) -> int:
 
 
 def default_regions(X: torch.Tensor, num_regions: int, lengthscale: torch.Tensor,
-                    min_width: float = 2.0, learn_cuts: bool = False) -> Regions:
-    """A 1-D split along :func:`split_dimension` at data quantiles, regions ≥ min_width·ℓ_d."""
-    dim = split_dimension(X, lengthscale)
+                    min_width: float = 2.0, learn_cuts: bool = False,
+                    dim: int | None = None) -> Regions:
+    """A 1-D split along ``dim`` (default: :func:`split_dimension`) at data quantiles, regions
+    ≥ min_width·ℓ_d."""
+    dim = split_dimension(X, lengthscale) if dim is None else dim
     ell = float(lengthscale.expand(X.shape[-1])[dim])
     cuts = quantile_cuts(X[:, dim], num_regions, min_width * ell)
     return Regions.from_cuts(cuts, input_dim=X.shape[-1], dim=dim, learn_cuts=learn_cuts,
