@@ -16,8 +16,8 @@ and one iteration costs exactly one batched evaluation with its gradient, like o
 Members that pass the trainer's convergence test are frozen (:meth:`BatchedLBFGS.freeze`), so a
 member's path and end point do not depend on the other members of its batch.
 
-Parameters are the model's tensors with a leading member dimension ([K, ...] each); the
-objective returns f [K] to minimise.
+Parameters are the model's tensors with a leading member dimension ([K, ...] each), or any
+tensors for a single member; the objective returns f [K] to minimise.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ ARMIJO = 1e-4
 
 
 class MemberBlock:
-    """Parameters [K, ...] of K independent members and their objective f(·) → [K] (minimised).
+    """Parameters of K independent members ([K, ...] each, or any shapes when K = 1) and their
+    objective f(·) → [K] (minimised).
 
     ``history`` pairs per member; state lives on the parameters' device."""
 
@@ -41,11 +42,12 @@ class MemberBlock:
         self.objective = objective
         self.history = history
         reference = self.parameters[0]
-        self.members = reference.shape[0]
-        if any(p.shape[0] != self.members for p in self.parameters):
-            raise ValueError("every parameter of a batched L-BFGS block needs the same leading "
-                             "(member) dimension")
-        self.size = sum(p[0].numel() for p in self.parameters)
+        with torch.no_grad():
+            self.members = objective().numel()
+        if self.members > 1 and any(p.shape[:1] != (self.members,) for p in self.parameters):
+            raise ValueError(f"every parameter of a batched L-BFGS block of {self.members} "
+                             "members needs that leading (member) dimension")
+        self.size = sum(p.numel() for p in self.parameters) // self.members
         like = dict(dtype=reference.dtype, device=reference.device)
         self.s = torch.zeros(history, self.members, self.size, **like)
         self.y = torch.zeros_like(self.s)
@@ -64,7 +66,7 @@ class MemberBlock:
         start = 0
         with torch.no_grad():
             for p in self.parameters:
-                size = p[0].numel()
+                size = p.numel() // self.members
                 p.copy_(flat[:, start:start + size].reshape(p.shape))
                 start += size
 

@@ -78,9 +78,10 @@ class RecycleSpec:
     device: str | torch.device = "cpu"
 
 
-#: The collapsed bound: full-batch L-BFGS (each step up to 20 iterations with a strong-Wolfe
-#: line search), stopping when the bound changes by less than 1e-7 (relative) over 2 steps.
-COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=30, window=2, tol=1e-7)
+#: The collapsed bound: L-BFGS with a backtracking line search that rejects non-finite trial
+#: points (:mod:`inference.batched_lbfgs`), stopping when the bound changes by less than 1e-8
+#: (relative) over 10 iterations.
+COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=300, window=10, tol=1e-8)
 #: The uncollapsed bound: a unit natural-gradient step on q(v) (exact for modules and Gaussian
 #: raw data, safeguarded otherwise) before each Adam step on the kernel and Z_*.
 UNCOLLAPSED_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=50, tol=1e-6,

@@ -251,12 +251,13 @@ def _warn_not_converged(result: TrainResult, config: TrainConfig) -> None:
     limit = (f"its time budget ({config.time_budget:g} s)"
              if config.time_budget is not None and result.steps < config.steps
              else f"its step limit ({result.steps} steps)")
-    change = "not yet measured" if math.isinf(result.change) else f"{result.change:.2g}"
+    change = (f"convergence is judged over {config.window} steps, fewer were taken"
+              if math.isinf(result.change) else
+              f"the loss still changed by {result.change:.2g} (relative) over the last "
+              f"{config.window} steps, more than the tolerance {config.tol:g}")
     warnings.warn(NotConvergedWarning(
-        f"the fit stopped at {limit} before converging{who}: the loss still changed by "
-        f"{change} (relative) over the last {config.window} steps, more than the tolerance "
-        f"{config.tol:g}; allow more steps", result.steps, result.change, config.tol,
-        unconverged), stacklevel=2)
+        f"the fit stopped at {limit} before converging{who}: {change}; allow more steps",
+        result.steps, result.change, config.tol, unconverged), stacklevel=2)
 
 
 def _check_finite(losses: torch.Tensor, step: int, loss_fn: Callable[[], torch.Tensor]) -> None:

@@ -9,7 +9,6 @@ import torch
 from inference.experts_fit import fit_exact_experts
 from inference.local_fit import LocalFitSpec, fit_local
 from inference.trainer import TrainConfig
-from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import partition_kmeans, partition_random
 from pyrogp_models.errors import IncompatibleModulesError
 from pyrogp_models.models.experts import (
@@ -146,13 +145,6 @@ def test_predictor_protocol_and_names(exact_fit):
 def test_incompatible_modules_are_refused(exact_fit, svgp_modules):
     fit, _, _, _ = exact_fit
     first, second = list(fit.modules.values())[:2]
-    s = second.standardisation
-    rescaled = replace(second, standardisation=Standardisation(s.x_mean, s.x_scale, s.y_mean,
-                                                               2.0 * s.y_scale))
-    with pytest.raises(IncompatibleModulesError, match="standardis"):
-        ExpertCombination({"a": first, "b": rescaled}, "poe")
-    with pytest.raises(IncompatibleModulesError, match="standardis"):
-        ExpertCombination({"a": first, **svgp_modules}, "poe")
     other = replace(second, likelihood_name="poisson", likelihood_params={})
     with pytest.raises(IncompatibleModulesError, match="likelihood"):
         ExpertCombination({"a": first, "b": other}, "poe")

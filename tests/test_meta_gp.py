@@ -399,7 +399,7 @@ def test_site_repair_makes_the_bound_bounded():
     assert all(count > 0 for count in clipped.values())
     assert repaired.indefinite_sites() == []
     for group in repaired.groups:
-        _, chol, prior_chol = group.first_latent()
+        _, chol, prior_chol, _ = group.first_latent()
         whitened = torch.linalg.solve_triangular(prior_chol, chol, upper=False)
         assert torch.linalg.matrix_norm(whitened, ord=2).max() <= 1 + 1e-9
     config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=4, window=2)
@@ -467,7 +467,7 @@ def test_quadratic_form_equals_the_module_by_module_scores():
         (meta.contrastive_terms().sum() - meta.kl()).detach(), rtol=1e-11, atol=0)
     precision = torch.eye(7)
     for group, projection, _ in meta._module_terms(meta.prior_cholesky()):
-        _, chol, prior_chol = group.first_latent()
+        _, chol, prior_chol, _ = group.first_latent()
         site, prior = chol @ chol.mT, prior_chol @ prior_chol.mT
         precision = precision + (projection @ (torch.linalg.inv(site) - torch.linalg.inv(prior))
                                  @ projection.mT).sum(0)
@@ -510,16 +510,9 @@ def test_unbounded_error_lives_in_errors_and_carries_its_findings():
 
 # Compatibility and export ---------------------------------------------------------------------
 def test_incompatible_modules_are_named(single_module):
-    other = Standardisation(np.array([1.0]), np.ones(1), 0.0, 1.0)
-    odd = make_module("odd", single_module.inducing, single_module.q_mean[0],
-                      torch.eye(5) * 0.1, standardisation=other)
-    with pytest.raises(IncompatibleModulesError, match="'odd'.*input standardisation"):
-        ModuleStack.from_modules({"one": single_module, "odd": odd})
-    rescaled = make_module("rescaled", single_module.inducing, single_module.q_mean[0],
-                           torch.eye(5) * 0.1,
-                           standardisation=Standardisation(np.zeros(1), np.ones(1), 0.0, 2.0))
-    with pytest.raises(IncompatibleModulesError, match="'rescaled'.*output standardisation"):
-        ModuleStack.from_modules({"one": single_module, "rescaled": rescaled})
+    renamed = replace(single_module, info={**single_module.info, "features": ["z"]})
+    with pytest.raises(IncompatibleModulesError, match="'renamed'.*features"):
+        ModuleStack.from_modules({"one": single_module, "renamed": renamed})
     wide = make_module("wide", torch.zeros(5, 2), torch.zeros(5), torch.eye(5),
                        standardisation=Standardisation(np.zeros(2), np.ones(2), 0.0, 1.0))
     with pytest.raises(IncompatibleModulesError, match="'wide'.*input dimension"):
@@ -603,11 +596,12 @@ def f_bias(x):
 @pytest.fixture(scope="module")
 def toy_concatenation():
     """Spec experiment (i): K = 5 segments of [0, 5.5], N_k = 500, noise std 2; modules with
-    M_k = 15 and a full-data SVGP with M = 35, both trained by L-BFGS on the collapsed bound."""
+    M_k = 15 and a full-data SVGP with M = 35, both fitted with the defaults (the collapsed
+    bound by L-BFGS), and so is the meta-GP (``config`` None)."""
     rng = np.random.default_rng(0)
     X = np.sort(rng.uniform(0.0, 5.5, 2500))[:, None]
     y = f_bias(X[:, 0]) + 2.0 * rng.standard_normal(2500)
-    config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=8, window=4, tol=1e-7)
+    config = None
     local = fit_local((X, y, partition_contiguous(X, 5)), LocalFitSpec(15, collapsed=True), config)
     one = Partition(np.zeros(2500, dtype=np.int64), {"kind": "random", "num_partitions": 1})
     full = fit_local((X, y, one), LocalFitSpec(35, collapsed=True), config).modules["part000"]

@@ -114,11 +114,25 @@ def test_valid_checksum_but_invalid_content_is_refused(modules, tmp_path, edit, 
         module_files.load_module(path)
 
 
-def test_newer_format_version_is_refused(modules, tmp_path):
-    from dataclasses import replace
-    path = module_files.save_module(replace(modules["part000"], format_version=99), tmp_path / "m")
+def test_newer_format_version_is_refused(modules, tmp_path, monkeypatch):
+    with monkeypatch.context() as patch:
+        patch.setattr(module_files, "FORMAT_VERSION", module_files.FORMAT_VERSION + 1)
+        path = module_files.save_module(modules["part000"], tmp_path / "m")
     with pytest.raises(ModuleFileError, match="newer"):
         module_files.load_module(path)
+
+
+def test_version_1_files_load_with_a_zero_prior_mean(modules, tmp_path, monkeypatch):
+    """A version-1 file has no prior_mean tensor: written as that version did, it loads."""
+    module = modules["part000"]
+    with monkeypatch.context() as patch:
+        patch.setattr(module_files, "FORMAT_VERSION", 1)
+        patch.setattr(module_files, "_TENSOR_FIELDS", module_files._TENSOR_FIELDS[:-1])
+        path = module_files.save_module(module, tmp_path / "v1")
+    loaded = module_files.load_module(path)
+    assert loaded.format_version == 1 and torch.equal(loaded.prior_mean, torch.zeros(1))
+    torch.testing.assert_close(loaded.predict_y(np.zeros((2, 2)))[0],
+                               module.predict_y(np.zeros((2, 2)))[0], rtol=0, atol=0)
 
 
 def test_a_crash_during_write_leaves_nothing_half_written(modules, tmp_path, monkeypatch):

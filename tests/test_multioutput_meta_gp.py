@@ -13,7 +13,7 @@ from inference.recycling import RecycleSpec, recycle_multioutput
 from inference.trainer import TrainConfig
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import partition_by_label
-from pyrogp_models.errors import IncompatibleModulesError, UnboundedBoundError
+from pyrogp_models.errors import UnboundedBoundError
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.kernels import Stationary, stationary_covariance
 from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning
@@ -140,9 +140,8 @@ def test_large_mixing_weights_on_under_fitted_modules_trigger_the_guard():
 def test_outputs_may_have_their_own_output_standardisation():
     Z = torch.linspace(0.0, 2.0, 5).unsqueeze(-1)
     modules = {"a": posterior_module("a", Z, 0.5), "b": posterior_module("b", Z, 0.5, y_scale=3)}
-    with pytest.raises(IncompatibleModulesError):
-        ModuleStack.from_modules(modules)
     stack = ModuleStack.from_modules(modules, "recycle-outputs")
+    assert stack.modules["b"].standardisation.y_scale == 3  # each output keeps its units
     multi = MultiOutputMetaGP(stack, Z.unsqueeze(0), "rbf", torch.tensor([[0.5]]),
                               torch.ones(2, 1))
     X = torch.linspace(0.0, 2.0, 7).unsqueeze(-1)

@@ -12,17 +12,19 @@ covariance K_kk^{(*)} of the *global* kernel), scores
 
     E_{q_C}[log q_k(u_k) − log p_k(u_k)]
 
-against the module's own q_k = N(μ_k, L_k L_kᵀ) and prior p_k = N(0, L_pk L_pkᵀ) (its own kernel).
+against the module's own q_k = N(μ_k, L_k L_kᵀ) and prior p_k = N(μ_pk, L_pk L_pkᵀ) (its own kernel;
+μ_pk = 0 unless the module was converted to other units, :mod:`pyrogp_models.modules.units`).
 
 As a function of the whitened q(v) = N(m, S_v), the sum over modules is a quadratic form
 (natural-parameter view):
 
     Σ_k E_{q_C}[log q_k − log p_k] = −½tr(P S_v) − ½mᵀPm + ηᵀm + c,
-    P = Σ_k B_k P_k B_kᵀ,  P_k = S_k⁻¹ − K_kk^{(k)−1},  η = Σ_k B_k S_k⁻¹μ_k,
-    c = −½Σ_k[tr(P_k Q_k) + μ_kᵀS_k⁻¹μ_k + log|S_k| − log|K_kk^{(k)}|],  Q_k = K_kk^{(*)} − B_kᵀB_k,
+    P = Σ_k B_k P_k B_kᵀ,  P_k = S_k⁻¹ − K_kk^{(k)−1},  η = Σ_k B_k b_k,
+    b_k = S_k⁻¹μ_k − K_kk^{(k)−1}μ_pk,  Q_k = K_kk^{(*)} − B_kᵀB_k,
+    c = −½Σ_k[tr(P_k Q_k) + μ_kᵀS_k⁻¹μ_k − μ_pkᵀK_kk^{(k)−1}μ_pk + log|S_k| − log|K_kk^{(k)}|],
 
 which gives the collapsed optimum and the boundedness test of the meta-GP. The site parameters
-(P_k, b_k = S_k⁻¹μ_k and the q-independent part of c) depend on the module alone, so
+(P_k, b_k and the q-independent part of c) depend on the module alone, so
 :func:`site_parameters` computes them once per module; with them the sum over modules needs only
 products with K_*k and no per-module solve. Every inverse is a triangular solve with a Cholesky
 factor; everything batches over leading dimensions.
@@ -63,44 +65,50 @@ def gaussian_cross_entropy(mean: torch.Tensor, cov: torch.Tensor, target_mean: t
 
 
 def contrastive_expectation(mean_c: torch.Tensor, cov_c: torch.Tensor, module_mean: torch.Tensor,
-                            module_chol: torch.Tensor, module_prior_chol: torch.Tensor
-                            ) -> torch.Tensor:
-    """E_{q_C(u_k)}[log q_k(u_k) − log p_k(u_k)], one summand of eq. (6); batched over modules."""
+                            module_chol: torch.Tensor, module_prior_chol: torch.Tensor,
+                            module_prior_mean: torch.Tensor | None = None) -> torch.Tensor:
+    """E_{q_C(u_k)}[log q_k(u_k) − log p_k(u_k)], one summand of eq. (6); batched over modules
+    (``module_prior_mean``: μ_pk [..., M_k], zero by default)."""
+    prior_mean = torch.zeros_like(module_mean) if module_prior_mean is None else module_prior_mean
     return (gaussian_cross_entropy(mean_c, cov_c, module_mean, module_chol)
-            - gaussian_cross_entropy(mean_c, cov_c, torch.zeros_like(module_mean),
-                                     module_prior_chol))
+            - gaussian_cross_entropy(mean_c, cov_c, prior_mean, module_prior_chol))
 
 
 class ContrastiveQuadratic(NamedTuple):
     """Σ_k E_{q_C}[log q_k − log p_k] = −½tr(P S_v) − ½mᵀPm + ηᵀm + c in the whitened q(v)."""
 
     precision: torch.Tensor  # P = Σ_k B_k P_k B_kᵀ, [M, M]
-    shift: torch.Tensor  # η = Σ_k B_k S_k⁻¹ μ_k, [M]
+    shift: torch.Tensor  # η = Σ_k B_k b_k, [M]
     constant: torch.Tensor  # c, []
 
 
 def contrastive_quadratic(projection: torch.Tensor, prior_cov: torch.Tensor,
                           module_mean: torch.Tensor, module_chol: torch.Tensor,
-                          module_prior_chol: torch.Tensor) -> ContrastiveQuadratic:
+                          module_prior_chol: torch.Tensor,
+                          module_prior_mean: torch.Tensor | None = None) -> ContrastiveQuadratic:
     """The quadratic form of the contrastive sum over a batch of K modules (summed over them).
 
     Args:
         projection: B_k = L_**⁻¹K_*k, [K, M, M_k].
         prior_cov: K_kk^{(*)}, the global kernel at the module inputs, [K, M_k, M_k].
         module_mean, module_chol, module_prior_chol: μ_k [K, M_k], chol S_k and chol K_kk^{(k)}
-            [K, M_k, M_k].
+            [K, M_k, M_k]; module_prior_mean: μ_pk [K, M_k] (zero by default).
     """
+    prior_mean = torch.zeros_like(module_mean) if module_prior_mean is None else module_prior_mean
     site = triangular_solve(module_chol, projection.mT)  # L_k⁻¹B_kᵀ
     prior_site = triangular_solve(module_prior_chol, projection.mT)  # L_pk⁻¹B_kᵀ
     whitened_mean = triangular_solve(module_chol, module_mean.unsqueeze(-1))  # L_k⁻¹μ_k
+    whitened_prior_mean = triangular_solve(module_prior_chol, prior_mean.unsqueeze(-1))
     stacked_site = site.reshape(-1, site.shape[-1])  # Σ_k over modules as one product
     stacked_prior_site = prior_site.reshape(-1, site.shape[-1])
     precision = stacked_site.mT @ stacked_site - stacked_prior_site.mT @ stacked_prior_site
-    shift = stacked_site.mT @ whitened_mean.reshape(-1)
+    shift = (stacked_site.mT @ whitened_mean.reshape(-1)
+             - stacked_prior_site.mT @ whitened_prior_mean.reshape(-1))
     site_trace_q = (trace_of_solve(module_chol, prior_cov)  # tr(P_k Q_k)
                     - trace_of_solve(module_prior_chol, prior_cov)
                     - site.square().sum((-2, -1)) + prior_site.square().sum((-2, -1)))
     constant = -0.5 * (site_trace_q + whitened_mean.square().sum((-2, -1))
+                       - whitened_prior_mean.square().sum((-2, -1))
                        + logdet_from_cholesky(module_chol)
                        - logdet_from_cholesky(module_prior_chol)).sum()
     return ContrastiveQuadratic(precision, shift, constant)
@@ -110,23 +118,29 @@ class SiteParameters(NamedTuple):
     """The q-independent parameters of a module's site q_k(u_k)/p_k(u_k), batched over modules."""
 
     precision: torch.Tensor  # P_k = S_k⁻¹ − K_kk^{(k)−1}, symmetric, [..., M_k, M_k]
-    shift: torch.Tensor  # b_k = S_k⁻¹μ_k, [..., M_k]
-    constant: torch.Tensor  # μ_kᵀS_k⁻¹μ_k + log|S_k| − log|K_kk^{(k)}|, [...]
+    shift: torch.Tensor  # b_k = S_k⁻¹μ_k − K_kk^{(k)−1}μ_pk, [..., M_k]
+    # μ_kᵀS_k⁻¹μ_k − μ_pkᵀK_kk^{(k)−1}μ_pk + log|S_k| − log|K_kk^{(k)}|, [...]
+    constant: torch.Tensor
 
 
 def site_parameters(module_mean: torch.Tensor, module_chol: torch.Tensor,
-                    module_prior_chol: torch.Tensor) -> SiteParameters:
-    """P_k, b_k and the constant of the site of each module from μ_k [..., M_k], chol S_k and
-    chol K_kk^{(k)} [..., M_k, M_k] (inverse factors by triangular solves with the identity)."""
+                    module_prior_chol: torch.Tensor,
+                    module_prior_mean: torch.Tensor | None = None) -> SiteParameters:
+    """P_k, b_k and the constant of the site of each module from μ_k [..., M_k], chol S_k,
+    chol K_kk^{(k)} [..., M_k, M_k] and μ_pk [..., M_k] (zero by default); inverse factors by
+    triangular solves with the identity."""
     eye = torch.eye(module_chol.shape[-1], dtype=module_chol.dtype, device=module_chol.device)
     inverse_chol = triangular_solve(module_chol, eye)  # L_k⁻¹
     inverse_prior_chol = triangular_solve(module_prior_chol, eye)  # L_pk⁻¹
     precision = inverse_chol.mT @ inverse_chol - inverse_prior_chol.mT @ inverse_prior_chol
     precision = 0.5 * (precision + precision.mT)
+    prior_mean = torch.zeros_like(module_mean) if module_prior_mean is None else module_prior_mean
     whitened_mean = (inverse_chol @ module_mean.unsqueeze(-1)).squeeze(-1)  # L_k⁻¹μ_k
-    shift = (inverse_chol.mT @ whitened_mean.unsqueeze(-1)).squeeze(-1)
-    constant = (whitened_mean.square().sum(-1) + logdet_from_cholesky(module_chol)
-                - logdet_from_cholesky(module_prior_chol))
+    whitened_prior_mean = (inverse_prior_chol @ prior_mean.unsqueeze(-1)).squeeze(-1)
+    shift = ((inverse_chol.mT @ whitened_mean.unsqueeze(-1))
+             - (inverse_prior_chol.mT @ whitened_prior_mean.unsqueeze(-1))).squeeze(-1)
+    constant = (whitened_mean.square().sum(-1) - whitened_prior_mean.square().sum(-1)
+                + logdet_from_cholesky(module_chol) - logdet_from_cholesky(module_prior_chol))
     return SiteParameters(precision, shift, constant)
 
 
@@ -202,7 +216,7 @@ def site_quadratic(cross: torch.Tensor, prior_chol: torch.Tensor,
         precisions: P_k per M_k-group, [G, M_k, M_k] (constants: no gradient flows to them).
         shift: b = (b_1, …, b_K) [N].
         site_trace: Σ_k tr(P_k K_kk^{(*)}) [].
-        site_constant: Σ_k (μ_kᵀS_k⁻¹μ_k + log|S_k| − log|K_kk^{(k)}|) [].
+        site_constant: Σ_k (the constants of :class:`SiteParameters`) [].
     """
     size = cross.shape[-1]
     products = _SiteGram.apply(cross, shift.detach(), *(p.detach() for p in precisions))

@@ -36,7 +36,7 @@ from pyrogp_models.modules.record import FORMAT_VERSION, Module
 
 INDEX_NAME = "modules.json"
 SUFFIX = ".safetensors"
-_TENSOR_FIELDS = ("lengthscale", "variance", "inducing", "q_mean", "q_chol")
+_TENSOR_FIELDS = ("lengthscale", "variance", "inducing", "q_mean", "q_chol", "prior_mean")
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -58,7 +58,7 @@ def module_to_bytes(module: Module) -> bytes:
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     record = {
         "format": "pyrogp-module",
-        "format_version": module.format_version,
+        "format_version": FORMAT_VERSION,
         "kernel_family": module.kernel_family,
         "likelihood_name": module.likelihood_name,
         "likelihood_options": module.likelihood_options,
@@ -123,7 +123,8 @@ def module_from_bytes(data: bytes, source: str = "<bytes>") -> Module:
             inducing=tensors["inducing"], q_mean=tensors["q_mean"], q_chol=tensors["q_chol"],
             num_data=record["num_data"], elbo=record["elbo"],
             standardisation=Standardisation.from_dict(record["standardisation"]),
-            jitter=record["jitter"], info=record["info"], format_version=version)
+            jitter=record["jitter"], info=record["info"], format_version=version,
+            prior_mean=tensors["prior_mean"] if version >= 2 else None)
     except KeyError as error:
         raise fail(f"missing field {error}") from None
     validate_module(module, source)
@@ -144,7 +145,7 @@ def validate_module(module: Module, source: str = "module") -> None:
         raise fail(f"inducing inputs must be [M, D], got {list(module.inducing.shape)}")
     M, D = module.inducing.shape
     L = module.q_mean.shape[0] if module.q_mean.dim() == 2 else -1
-    expected = {"q_mean": (L, M), "q_chol": (L, M, M), "variance": (L,)}
+    expected = {"q_mean": (L, M), "q_chol": (L, M, M), "variance": (L,), "prior_mean": (L,)}
     for name, shape in expected.items():
         if tuple(getattr(module, name).shape) != shape:
             raise fail(f"{name} has shape {list(getattr(module, name).shape)}, "

@@ -3,7 +3,9 @@
 A module is the library's currency. Local fits produce modules, meta-GPs consume and export them,
 expert combinations combine their predictions. It holds
 
-- the kernel family and hyperparameters (``lengthscale`` [L, D or 1], ``variance`` [L]),
+- the kernel family and hyperparameters (``lengthscale`` [L, D or 1], ``variance`` [L]) and a
+  constant prior mean per latent function (``prior_mean`` [L]; zero for a fitted module, the
+  offset of its units for a module converted to others, :mod:`pyrogp_models.modules.units`),
 - the likelihood (name, options and parameter values),
 - the inducing inputs Z [M, D] and q(u) = N(m, S) **unwhitened**: ``q_mean`` [L, M] and the lower
   Cholesky factor of S, ``q_chol`` [L, M, M], one per latent function,
@@ -31,7 +33,8 @@ from pyrogp_models.kernels import stationary_covariance, stationary_diagonal
 from pyrogp_models.likelihoods import Likelihood, latent_layout, make_likelihood
 from pyrogp_models.modules.predictor import Predictor
 
-FORMAT_VERSION = 1
+#: 2: a constant prior mean per latent function (``prior_mean``); version-1 files have zero.
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,6 +57,11 @@ class Module(Predictor):
     jitter: float
     info: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    prior_mean: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.prior_mean is None:  # a zero-mean prior (object.__setattr__: frozen record)
+            object.__setattr__(self, "prior_mean", self.q_mean.new_zeros(self.q_mean.shape[0]))
 
     # Shapes -------------------------------------------------------------------------------------
     @property
@@ -85,7 +93,7 @@ class Module(Predictor):
         return replace(self, lengthscale=move(self.lengthscale), variance=move(self.variance),
                        likelihood_params={k: move(v) for k, v in self.likelihood_params.items()},
                        inducing=move(self.inducing), q_mean=move(self.q_mean),
-                       q_chol=move(self.q_chol))
+                       q_chol=move(self.q_chol), prior_mean=move(self.prior_mean))
 
     def inducing_inputs(self) -> torch.Tensor:
         """Z in data units, [M, D]."""
@@ -132,11 +140,12 @@ class Module(Predictor):
         variance [N] ([N, L] for several latent functions), model units."""
         X = self.standardisation.transform_x(X)
         prior_chol = self.prior_cholesky()
-        mean_w, chol_w = conditionals.whiten(prior_chol, self.q_mean, self.q_chol)
+        prior_mean = self.prior_mean.unsqueeze(-1)
+        mean_w, chol_w = conditionals.whiten(prior_chol, self.q_mean - prior_mean, self.q_chol)
         A = conditionals.projection(prior_chol, self.kernel(self.inducing, X))
         mean, var = conditionals.whitened_conditional(
             A, stationary_diagonal(X, self.variance), mean_w, chol_w)
-        return latent_layout(mean), latent_layout(var)
+        return latent_layout(mean + prior_mean), latent_layout(var)
 
     # Pyro: the module's generative story, for pyro.infer.Predictive --------------------------
     def predictive_model(self, X: torch.Tensor, labels=None):
@@ -146,11 +155,12 @@ class Module(Predictor):
         posterior."""
         X = self.standardisation.transform_x(X)
         prior_chol = self.prior_cholesky()
-        u = pyro.sample("u", dist.MultivariateNormal(torch.zeros_like(self.q_mean),
+        prior_mean = self.prior_mean.unsqueeze(-1)
+        u = pyro.sample("u", dist.MultivariateNormal(prior_mean.expand_as(self.q_mean),
                                                      scale_tril=prior_chol).to_event(1))
         A = conditionals.projection(prior_chol, self.kernel(self.inducing, X))  # [L, M, N]
-        whitened = triangular_solve(prior_chol, u.unsqueeze(-1))  # [..., L, M, 1]
-        mean = latent_layout((A.mT @ whitened).squeeze(-1))
+        whitened = triangular_solve(prior_chol, (u - prior_mean).unsqueeze(-1))  # [..., L, M, 1]
+        mean = latent_layout((A.mT @ whitened).squeeze(-1) + prior_mean)
         var = latent_layout((stationary_diagonal(X, self.variance) - A.square().sum(-2))
                             .clamp_min(0.0))
         event = 1 if self.num_latent == 1 else 2

@@ -22,15 +22,17 @@ from pyrogp_models.modules.files import load_modules_from, partition_rule, resol
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.stack import check_compatible
+from pyrogp_models.modules.units import convert_all
 
 
 class RoutedModules(Predictor):
     """Local modules behind their partition rule: each point is predicted by its own module.
 
     Module k (in dictionary order, which is the index order of a module folder) serves
-    partition k of ``rule``. Points are grouped by destination and each module predicts its
-    group in one batched call, so the Python loop runs over modules that received points, never
-    over points.
+    partition k of ``rule``. Modules with their own standardisations are converted to their
+    common one (:mod:`pyrogp_models.modules.units`), so latent moments share units. Points are
+    grouped by destination and each module predicts its group in one batched call, so the Python
+    loop runs over modules that received points, never over points.
     """
 
     def __init__(self, modules: dict[str, Module], rule: dict[str, Any]):
@@ -42,14 +44,14 @@ class RoutedModules(Predictor):
         if rule.get("num_partitions") != len(modules):
             raise ModuleFileError(f"the partition rule has {rule.get('num_partitions')} "
                                   f"partitions but there are {len(modules)} modules")
-        self.names = list(modules)
-        self.modules = list(modules.values())
+        check_compatible(modules, "route")
+        converted, self.standardisation = convert_all(modules)  # one system: exact
+        self.names = list(converted)
+        self.modules = list(converted.values())
         self.rule = rule
         first = self.modules[0]
         self.likelihood_name = first.likelihood_name
-        self.standardisation = first.standardisation
         self.info = {key: first.info[key] for key in ("features", "target") if key in first.info}
-        check_compatible(modules, "route")
 
     @property
     def input_dim(self) -> int:

@@ -1,13 +1,17 @@
 """A dictionary of modules as batched, cached tensors: what recycling and expert combination read.
 
-Modules are grouped by kernel family and number of inducing inputs M_k (no padding). Each group
-stacks the inducing inputs Z_k, the kernel hyperparameters, q(u_k) = N(μ_k, S_k) per latent
-function and chol(K_kk^{(k)} + jitter_k) — the module's prior p_k(u_k) under its *own* kernel
-and jitter — computed once, since none of them changes while a meta-GP trains or a combination
-predicts. Derived per group on first use:
+Every module is first converted to one coordinate system, exactly (the pooled standardisation
+of the modules' data, :mod:`pyrogp_models.modules.units`), so modules fitted at independent
+sites, with their own standardisations, combine. Modules are then grouped by kernel family and
+number of inducing inputs M_k (no padding). Each group stacks the inducing inputs Z_k, the kernel
+hyperparameters, the constant prior mean, q(u_k) = N(μ_k, S_k) per latent function and
+chol(K_kk^{(k)} + jitter_k) — the module's prior p_k(u_k) under its *own* kernel and jitter —
+computed once, since none of them changes while a meta-GP trains or a combination predicts.
+Derived per group on first use:
 
-- the site parameters P_k = S_k⁻¹ − K_kk^{(k)−1}, b_k = S_k⁻¹μ_k of single-latent modules
-  (:func:`pyrogp_models.gaussian.expectations.site_parameters`), which the meta-GPs' bounds use;
+- the site parameters P_k = S_k⁻¹ − K_kk^{(k)−1}, b_k = S_k⁻¹μ_k − K_kk^{(k)−1}μ_pk of
+  single-latent modules (:func:`pyrogp_models.gaussian.expectations.site_parameters`), which the
+  meta-GPs' bounds use;
 - the whitened posterior and L_k⁻¹ (by one triangular solve against I: batched products are
   several times faster than batched triangular solves on CPU), with which
   :meth:`ModuleGroup.latent` predicts every module of the group at once.
@@ -27,7 +31,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-import numpy as np
 import torch
 
 from pyrogp_models.data import Standardisation
@@ -38,9 +41,8 @@ from pyrogp_models.gaussian.linalg import cholesky, triangular_solve
 from pyrogp_models.kernels import PROFILES, stationary_covariance
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.units import common_standardisation, convert
 
-#: Relative tolerance when comparing the standardisations of modules.
-STANDARDISATION_RTOL = 1e-9
 #: A site precision counts as indefinite when a singular value of L_pk⁻¹L_k exceeds 1 + this.
 SITE_TOLERANCE = 1e-8
 #: What a stack is for (see :func:`check_compatible`).
@@ -61,26 +63,45 @@ class ModuleGroup:
     mean: torch.Tensor  # μ_k, [G, L, M_k]
     chol: torch.Tensor  # chol S_k, [G, L, M_k, M_k]
     prior_chol: torch.Tensor  # chol(K_kk^{(k)} + jitter_k), [G, L, M_k, M_k]
+    prior_mean: torch.Tensor  # the constant prior mean, [G, L]
 
     @property
     def num_inducing(self) -> int:
         return self.inducing.shape[-2]
 
-    def first_latent(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(μ_k [G, M_k], chol S_k, chol K_kk^{(k)} [G, M_k, M_k]) of the first latent function,
-        the only one of modules that are recycled."""
-        return self.mean[:, 0], self.chol[:, 0], self.prior_chol[:, 0]
+    def first_latent(self) -> tuple[torch.Tensor, ...]:
+        """(μ_k [G, M_k], chol S_k, chol K_kk^{(k)} [G, M_k, M_k], μ_pk [G, M_k]) of the first
+        latent function, the only one of modules that are recycled."""
+        prior_mean = self.prior_mean[:, :1].expand(-1, self.num_inducing)
+        return self.mean[:, 0], self.chol[:, 0], self.prior_chol[:, 0], prior_mean
 
     @cached_property
     def sites(self) -> SiteParameters:
-        """P_k [G, M_k, M_k], b_k [G, M_k] and the constant [G] of single-latent modules."""
-        return site_parameters(*self.first_latent())
+        """P_k [G, M_k, M_k], b_k [G, M_k] and the constant [G] of single-latent modules.
+
+        P_k is formed in the prior metric: with T = L_pk⁻¹L_k = U diag(σ) Vᵀ,
+        P_k = L_pk⁻ᵀ U diag(σ⁻² − 1) Uᵀ L_pk⁻¹ (= S_k⁻¹ − K_kk^{(k)−1}), where directions within
+        :data:`SITE_TOLERANCE` of the prior (σ ≤ 1 + tolerance) contribute exactly 0: the
+        difference S_k⁻¹ − K_kk^{(k)−1} leaves them slightly negative by rounding, which an
+        ill-conditioned K_** of the meta-GP amplifies into a spuriously unbounded bound. Only the
+        directions where a module is wider than its prior (under-fitted) stay negative, for the
+        boundedness guard to report."""
+        sites = site_parameters(*self.first_latent())
+        _, _, prior_chol, _ = self.first_latent()
+        U, singular = _whitened_singular_values(self)
+        values = torch.where(singular <= 1.0 + SITE_TOLERANCE,
+                             (singular.pow(-2) - 1.0).clamp_min(0.0), singular.pow(-2) - 1.0)
+        basis = triangular_solve(prior_chol, U, transpose=True)  # L_pk⁻ᵀ U
+        precision = (basis * values.unsqueeze(-2)) @ basis.mT
+        return sites._replace(precision=0.5 * (precision + precision.mT))
 
     @cached_property
     def _whitened(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """L_k⁻¹ and the whitened q(v_k): mean [G, L, M], Cholesky factor [G, L, M, M]."""
+        """L_k⁻¹ and the whitened q(v_k) about the prior mean: mean [G, L, M], Cholesky factor
+        [G, L, M, M]."""
         eye = torch.eye(self.num_inducing, dtype=self.mean.dtype, device=self.mean.device)
-        mean_w, chol_w = conditionals.whiten(self.prior_chol, self.mean, self.chol)
+        mean_w, chol_w = conditionals.whiten(self.prior_chol,
+                                             self.mean - self.prior_mean.unsqueeze(-1), self.chol)
         return triangular_solve(self.prior_chol, eye), mean_w, chol_w
 
     def latent(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,17 +110,19 @@ class ModuleGroup:
         cross = stationary_covariance(self.family, self.inducing.unsqueeze(1), X,
                                       self.lengthscale, self.variance)  # [G, L, M, N]
         prior_diag = self.variance.unsqueeze(-1).expand(*self.variance.shape, X.shape[0])
-        return conditionals.whitened_conditional(inverse_prior_chol @ cross, prior_diag, mean_w,
-                                                 chol_w)
+        mean, var = conditionals.whitened_conditional(inverse_prior_chol @ cross, prior_diag,
+                                                      mean_w, chol_w)
+        return mean + self.prior_mean.unsqueeze(-1), var
 
 
 @dataclass(frozen=True, eq=False)
 class ModuleStack:
-    """Modules (converted to one dtype and device, in the given order) and their cached tensors
-    grouped by kernel family and M_k.
+    """Modules (converted to one coordinate system, dtype and device, in the given order) and
+    their cached tensors grouped by kernel family and M_k.
 
-    ``standardisation`` is the modules' common input standardisation, with the output
-    standardisation of the target-standardising modules when they share one latent function.
+    ``standardisation`` is the common system (:func:`pyrogp_models.modules.units.
+    common_standardisation`); for ``"recycle-outputs"`` every module keeps its own output units
+    and the stack's output statistics are (0, 1).
     """
 
     modules: dict[str, Module]
@@ -111,7 +134,16 @@ class ModuleStack:
                      dtype: torch.dtype = torch.float64, device=None) -> ModuleStack:
         """Check the modules fit ``purpose`` (:func:`check_compatible`), convert and cache."""
         check_compatible(modules, purpose)
-        converted = {name: _converted(module, dtype, device) for name, module in modules.items()}
+        common = common_standardisation(modules)
+        if purpose == "recycle-outputs":  # each output keeps its units
+            common = Standardisation(common.x_mean, common.x_scale, 0.0, 1.0)
+            targets = {name: Standardisation(common.x_mean, common.x_scale,
+                                             m.standardisation.y_mean, m.standardisation.y_scale)
+                       for name, m in modules.items()}
+        else:
+            targets = dict.fromkeys(modules, common)
+        converted = {name: _converted(convert(module, targets[name]), dtype, device)
+                     for name, module in modules.items()}
         names = list(converted)
         kinds: dict[tuple[str, int], list[int]] = {}
         for k, module in enumerate(converted.values()):
@@ -128,9 +160,9 @@ class ModuleStack:
                 variance=torch.stack([m.variance for m in group]),
                 mean=torch.stack([m.q_mean for m in group]),
                 chol=torch.stack([m.q_chol for m in group]),
-                prior_chol=_prior_choleskies(group)))
-        shared_output = purpose in ("recycle", "combine")
-        return cls(converted, tuple(groups), _common_standardisation(converted, shared_output))
+                prior_chol=_prior_choleskies(group),
+                prior_mean=torch.stack([m.prior_mean for m in group])))
+        return cls(converted, tuple(groups), common)
 
     @property
     def names(self) -> list[str]:
@@ -192,7 +224,7 @@ def _converted(module: Module, dtype: torch.dtype, device) -> Module:
     """The module in ``dtype`` on ``device`` (itself when it already is)."""
     target = torch.device(device) if device is not None else module.inducing.device
     tensors = [module.lengthscale, module.variance, module.inducing, module.q_mean,
-               module.q_chol, *module.likelihood_params.values()]
+               module.q_chol, module.prior_mean, *module.likelihood_params.values()]
     if all(t.dtype == dtype and t.device == target for t in tensors):
         return module
     return module.to(dtype=dtype, device=device)
@@ -228,8 +260,10 @@ Check = tuple[str, Callable[[Module], object]]
 
 #: What every purpose needs of all modules alike, compared with the first module.
 _SAME: dict[str, tuple[Check, ...]] = {
-    "recycle": (("input dimension", lambda m: m.input_dim),),
-    "recycle-outputs": (("input dimension", lambda m: m.input_dim),),
+    "recycle": (("input dimension", lambda m: m.input_dim),
+                ("features", lambda m: m.info.get("features"))),
+    "recycle-outputs": (("input dimension", lambda m: m.input_dim),
+                        ("features", lambda m: m.info.get("features"))),
     "combine": (("likelihood", lambda m: (m.likelihood_name, m.likelihood_options)),
                 ("number of latent functions", lambda m: m.num_latent),
                 ("input dimension", lambda m: m.input_dim),
@@ -244,14 +278,13 @@ _SAME: dict[str, tuple[Check, ...]] = {
 def check_compatible(modules: Mapping[str, Module], purpose: str = "recycle") -> None:
     """Raise :class:`IncompatibleModulesError`, naming the modules, unless they fit ``purpose``:
 
-    - every purpose: a known kernel family and likelihood;
-    - ``"recycle"``, ``"recycle-outputs"``: one latent function each, the same input dimension
-      and input standardisation; for ``"recycle"`` also the same output standardisation among
-      modules whose likelihood standardises its targets (their latent functions are one);
-    - ``"combine"``: the same likelihood (name and options), number of latent functions, input
-      dimension, features and standardisation of inputs and targets;
-    - ``"route"``: the same likelihood family, number of latent functions, input dimension and
-      features.
+    - every purpose: a known kernel family and likelihood, the same input dimension and
+      features (input columns);
+    - ``"recycle"``, ``"recycle-outputs"``: one latent function each;
+    - ``"combine"``: the same likelihood (name and options) and number of latent functions;
+    - ``"route"``: the same likelihood family and number of latent functions.
+
+    Standardisations may differ: the stack converts every module to one system.
     """
     if purpose not in PURPOSES:
         raise ValueError(f"unknown purpose '{purpose}'; choose from {PURPOSES}")
@@ -270,41 +303,10 @@ def check_compatible(modules: Mapping[str, Module], purpose: str = "recycle") ->
                 f"modules {listing(several)} have several latent functions; only single-latent "
                 "modules can be recycled")
     for what, key in _SAME[purpose]:
-        odd = _odd_ones(names, [key(modules[name]) for name in names], exact=True)
+        odd = [name for name in names if key(modules[name]) != key(modules[names[0]])]
         if odd:
             raise IncompatibleModulesError(
                 f"modules {listing(odd)} differ from module '{names[0]}' in {what}")
-    if purpose == "route":
-        return
-    shared = [name for name in names if purpose == "combine"
-              or LIKELIHOODS[modules[name].likelihood_name].standardise_targets]
-    checks = [(names, "input standardisation (x_mean, x_scale)",
-               lambda s: np.concatenate([s.x_mean, s.x_scale]))]
-    if purpose != "recycle-outputs" and shared:
-        checks.append((shared, "output standardisation (y_mean, y_scale), so their latent "
-                               "functions are in different units", lambda s: (s.y_mean, s.y_scale)))
-    for members, what, key in checks:
-        odd = _odd_ones(members, [key(modules[name].standardisation) for name in members])
-        if odd:
-            raise IncompatibleModulesError(
-                f"modules {listing(odd)} differ from module '{members[0]}' in {what}")
-
-
-def _odd_ones(names: list[str], values: list, exact: bool = False) -> list[str]:
-    """The names whose value differs from the first one's: equal (``exact``), or close within
-    :data:`STANDARDISATION_RTOL` (compared in one vectorised test when the values have one
-    shape)."""
-    if exact:
-        return [name for name, value in zip(names, values, strict=True) if value != values[0]]
-    try:
-        stacked = np.asarray(values, dtype=np.float64)
-    except ValueError:  # ragged: compare one by one
-        return [name for name, value in zip(names, values, strict=True)
-                if np.shape(value) != np.shape(values[0])
-                or not np.allclose(value, values[0], rtol=STANDARDISATION_RTOL, atol=0.0)]
-    close = np.isclose(stacked, stacked[0], rtol=STANDARDISATION_RTOL, atol=0.0)
-    return [name for name, same in zip(names, close.reshape(len(names), -1).all(-1),
-                                       strict=True) if not same]
 
 
 def listing(names: list[str], limit: int = 5) -> str:
@@ -313,19 +315,10 @@ def listing(names: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def _common_standardisation(modules: dict[str, Module], shared_output: bool) -> Standardisation:
-    first = next(iter(modules.values())).standardisation
-    if shared_output:
-        for module in modules.values():
-            if LIKELIHOODS[module.likelihood_name].standardise_targets:
-                return module.standardisation
-    return Standardisation(first.x_mean, first.x_scale, 0.0, 1.0)
-
-
 # Repair of indefinite sites -----------------------------------------------------------------
 def _whitened_singular_values(group: ModuleGroup) -> tuple[torch.Tensor, torch.Tensor]:
     """U and σ of T = L_pk⁻¹ L_k = U diag(σ) Vᵀ: L_pk⁻¹ S_k L_pk⁻ᵀ = U diag(σ²) Uᵀ."""
-    _, chol, prior_chol = group.first_latent()
+    _, chol, prior_chol, _ = group.first_latent()
     U, singular, _ = torch.linalg.svd(triangular_solve(prior_chol, chol))
     return U, singular
 
@@ -336,18 +329,20 @@ def clip_site_precisions(stack: ModuleStack) -> tuple[ModuleStack, dict[str, int
 
     The clip is done in the module's prior metric: with T = L_pk⁻¹L_k = U diag(σ) Vᵀ the whitened
     site precision is L_pkᵀ P_k L_pk = U diag(σ⁻² − 1) Uᵀ, and its negative eigenvalues (σ > 1,
-    directions where S_k is wider than the prior) are set to zero while the site's linear term
-    b_k = S_k⁻¹μ_k is kept. The repaired module has S_k' = L_pk U diag(min(σ², 1)) Uᵀ L_pkᵀ ⪯ K
-    and μ_k' = S_k' b_k. Sites that are already PSD are unchanged.
+    directions where S_k is wider than the prior) are set to zero. The repaired module has
+    S_k' = L_pk U diag(min(σ², 1)) Uᵀ L_pkᵀ ⪯ K
+    and μ_k' − μ_pk = S_k' S_k⁻¹(μ_k − μ_pk), about the prior mean. Sites that are already PSD
+    are unchanged.
     """
     groups, clipped = [], {}
     for group in stack.groups:
-        mean, chol, prior_chol = group.first_latent()
+        mean, chol, prior_chol, prior_mean = group.first_latent()
         U, singular = _whitened_singular_values(group)
         variance = singular.square().clamp_max(1.0)
-        whitened_mean = triangular_solve(prior_chol, mean.unsqueeze(-1))
+        whitened_mean = triangular_solve(prior_chol, (mean - prior_mean).unsqueeze(-1))
         shrink = variance / singular.square()
-        repaired_mean = prior_chol @ (U @ (shrink.unsqueeze(-1) * (U.mT @ whitened_mean)))
+        repaired_mean = prior_mean.unsqueeze(-1) + prior_chol @ (
+            U @ (shrink.unsqueeze(-1) * (U.mT @ whitened_mean)))
         root = prior_chol @ (U * variance.sqrt().unsqueeze(-2))  # S_k' = root rootᵀ
         _, upper = torch.linalg.qr(root.mT)  # rootᵀ = QR, so S_k' = RᵀR with no jitter
         repaired_chol = upper.mT * upper.diagonal(dim1=-2, dim2=-1).sign().unsqueeze(-2)

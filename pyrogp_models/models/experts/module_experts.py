@@ -3,8 +3,8 @@
 The modules are stacked once (:class:`~pyrogp_models.modules.stack.ModuleStack`, grouped by
 kernel family and M; each group predicts all its modules with one Gaussian conditional, never a
 loop over modules). Every module must observe the same kind of data — one likelihood with the
-same options, the same number of latent functions, input dimension, features and standardisation
-(the stack's ``"combine"`` check) — so their latent functions are in the same units and can be
+same options, the same number of latent functions, input dimension and features (the stack's
+``"combine"`` check); the stack converts them to common units, so their latent functions can be
 combined pointwise.
 """
 
@@ -34,12 +34,13 @@ class ModuleExperts:
                  device=None):
         self.stack = ModuleStack.from_modules(modules, "combine", dtype, device)
         self.names = self.stack.names
-        self.modules = list(self.stack.modules.values())
+        self.modules = list(self.stack.modules.values())  # in the stack's common units
         first = self.modules[0]
-        self.standardisation: Standardisation = first.standardisation
+        self.standardisation: Standardisation = self.stack.standardisation
         self.num_latent = first.num_latent
         self.input_dim = first.input_dim
         self._prior_variance = sum(m.variance for m in self.modules) / self.num_experts  # [L]
+        self._prior_mean = sum(m.prior_mean for m in self.modules) / self.num_experts  # [L]
 
     @property
     def num_experts(self) -> int:
@@ -71,6 +72,11 @@ class ModuleExperts:
         """
         N = torch.as_tensor(X).shape[0]
         return latent_layout(self._prior_variance.unsqueeze(-1).expand(self.num_latent, N))
+
+    def prior_mean(self) -> torch.Tensor:
+        """The prior mean: the mean over experts of their constant prior means (zero for experts
+        fitted in the common units), shaped to broadcast against [N] or [N, L] (model units)."""
+        return latent_layout(self._prior_mean.unsqueeze(-1))
 
     def likelihood(self) -> Likelihood:
         """The experts' observation model; each parameter (e.g. the Gaussian noise variance σ²)

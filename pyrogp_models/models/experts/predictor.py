@@ -98,7 +98,8 @@ class ExpertCombination(Predictor):
         if space == "y" and self.likelihood_name != "gaussian":
             raise ValueError("y-space combination needs a Gaussian likelihood")
         # Fail now, not at the first prediction, on a bad rule/weights/temperature combination.
-        ones = torch.ones(self.experts.num_experts, 1, dtype=self.experts.dtype)
+        latents = [self.experts.num_latent] if self.experts.num_latent > 1 else []
+        ones = torch.ones(self.experts.num_experts, 1, *latents, dtype=self.experts.dtype)
         self._combine(ones, ones, ones[0])
 
     def likelihood(self):
@@ -125,7 +126,8 @@ class ExpertCombination(Predictor):
             c = self.communication
             communication = (mean[c], var[c])
             mean, var = mean[self._augmented], var[self._augmented]
-        kwargs = dict(prior_var=prior_var, weights=self.weights, temperature=self.temperature,
+        kwargs = dict(prior_var=prior_var, prior_mean=self.experts.prior_mean(),
+                      weights=self.weights, temperature=self.temperature,
                       normalise=self.normalise, communication=communication)
         if self.space == "f":
             return combine(self.rule, mean, var, **kwargs)

@@ -351,6 +351,17 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         conjugate = self.likelihood is None or self.likelihood.name == "gaussian"
         return [(self.layer, None if conjugate else self.bound)]
 
+    def member_objectives(self) -> list:
+        """The meta-GP as one member of the library's L-BFGS (:mod:`inference.batched_lbfgs`):
+        its parameters and the negative (collapsed) bound, [1]. A trial point where Λ_w is not
+        positive definite — in floating point, e.g. far out on a line search — gives a
+        non-finite value there and is rejected, where a strong-Wolfe line search would stop the
+        fit; the boundedness guard judges the starting and the final point."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        if self.collapsed:
+            return [(params, lambda: -self.collapsed_bound().reshape(1))]
+        return [(params, lambda: -self.bound().reshape(1))]
+
     @torch.no_grad()
     def output_likelihood(self) -> Likelihood:
         """The likelihood the exported module predicts with (:func:`choose_likelihood`)."""
