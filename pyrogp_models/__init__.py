@@ -10,8 +10,8 @@ user's own ``pyro.infer.SVI`` trains and ``pyro.infer.Predictive`` draws from; e
 Layout: ``gaussian/`` (linear algebra, conditionals, KL, expectations) · ``kernels/`` ·
 ``likelihoods/`` · ``layers/`` · ``data/`` · ``modules/`` (the record, its files, stacks,
 routing, the predictor base) · ``models/`` (``local/``, ``meta/``, ``experts/``,
-``distributed_kernel/``). Training, fitting, evaluation and the command line live in the
-``inference`` package.
+``distributed_kernel/``, ``multitask/``). Training, fitting, evaluation and the command line
+live in the ``inference`` package.
 """
 
 from pyrogp_models.data import Standardisation, Table, load_banana, load_sunspots, load_table
@@ -47,6 +47,18 @@ from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.models.local.svgp import BatchedSVGP
 from pyrogp_models.models.meta.meta_gp import MetaGP
 from pyrogp_models.models.meta.multioutput import MultiOutputMetaGP
+from pyrogp_models.models.multitask import (
+    CGP,
+    CMDGP,
+    IDGP,
+    IGP,
+    MMDGP,
+    SMDGP,
+    MultitaskGP,
+    MultitaskOptions,
+    MultitaskPredictor,
+    TaskData,
+)
 from pyrogp_models.modules.files import load_module, load_modules, save_module, save_modules
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
@@ -58,7 +70,8 @@ __version__ = "0.1.0"
 __all__ = [
     # models
     "BatchedSVGP", "DistributedKernelGP", "ExactExperts", "ExpertCombination", "LocalGPs",
-    "MetaGP", "ModuleExperts", "MultiOutputMetaGP",
+    "MetaGP", "ModuleExperts", "MultiOutputMetaGP", "CGP", "CMDGP", "IDGP", "IGP", "MMDGP",
+    "SMDGP", "MultitaskGP", "MultitaskOptions", "MultitaskPredictor", "TaskData",
     # the layer, kernels, likelihoods
     "SparseGPLayer", "RBF", "Matern12", "Matern32", "Matern52", "Stationary", "Bernoulli",
     "Categorical", "Gaussian", "HeteroscedasticGaussian", "Likelihood", "Poisson",

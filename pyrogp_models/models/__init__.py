@@ -1,2 +1,2 @@
 """The models, one folder each: local SVGPs, meta-GPs, products of experts, the distributed
-kernel."""
+kernel, multitask deep GPs."""

@@ -1,0 +1,77 @@
+"""Fit a multitask (deep) GP: ``fit_multitask_dgp(data, spec, config) -> MultitaskFit``.
+
+The data — a list of per-task pairs [(X^t, y^t)], a long-format triple (X, task, y) or a
+:class:`~pyrogp_models.models.multitask.TaskData` — are standardised (inputs over all tasks,
+Gaussian targets per task), the model named by ``spec.model`` is initialised from them
+(k-means inducing inputs per task, fixed linear inner means) and trained with the library's
+trainer (:func:`inference.trainer.train`; Adam by default, the paper's optimiser for the deep
+models). The predictor works in data units and takes the task of every point as ``labels``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from inference.fit_result import Fit
+from inference.trainer import TrainConfig, train
+from pyrogp_models.likelihoods import LIKELIHOODS
+from pyrogp_models.models.multitask import (
+    MultitaskOptions,
+    MultitaskPredictor,
+    TaskData,
+    TaskStandardisation,
+    as_task_data,
+    build_model,
+)
+
+
+@dataclass
+class MultitaskSpec(MultitaskOptions):
+    """What to fit: the model (``"smdgp"``, ``"mmdgp"``, ``"cmdgp"``, ``"idgp"``, ``"igp"`` or
+    ``"cgp"``), its architecture (:class:`MultitaskOptions`: likelihood, widths, M per task, S,
+    batch size and minibatch scheme, q_scale, …), how to initialise the inducing inputs
+    (``"kmeans"`` or ``"grid"``), the mixture components of the predictor and the tensors'
+    dtype and device."""
+
+    model: str = "smdgp"
+    inducing_init: str = "kmeans"
+    predictive_samples: int = 200
+    dtype: torch.dtype = torch.float64
+    device: str | torch.device = "cpu"
+
+    def options(self) -> MultitaskOptions:
+        """The architecture part of the spec."""
+        return MultitaskOptions(**{f.name: getattr(self, f.name)
+                                   for f in fields(MultitaskOptions)})
+
+
+@dataclass
+class MultitaskFit(Fit):
+    """:class:`Fit` (the trained model, its record, the predictor, the standardisation) with the
+    spec and the training data in model units."""
+
+    spec: MultitaskSpec
+    data: TaskData
+
+
+def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
+                      config: TrainConfig | None = None) -> MultitaskFit:
+    """Standardise, build ``spec.model`` and train it; see the module docstring."""
+    spec = spec or MultitaskSpec()
+    config = config or TrainConfig()
+    if spec.likelihood not in LIKELIHOODS:
+        raise ValueError(f"unknown likelihood '{spec.likelihood}'; "
+                         f"choose from {sorted(LIKELIHOODS)}")
+    tasks = as_task_data(data, spec.dtype, spec.device)
+    standardisation = TaskStandardisation.from_data(
+        tasks, LIKELIHOODS[spec.likelihood].standardise_targets)
+    model_data = standardisation.transform(tasks)
+    generator = torch.Generator(device=spec.device)
+    generator.manual_seed(0 if config.seed is None else config.seed)
+    model = build_model(spec.model, model_data, spec.options(), spec.inducing_init, generator)
+    result = train(model, config=config)
+    predictor = MultitaskPredictor(model, standardisation, spec.predictive_samples,
+                                   0 if config.seed is None else config.seed)
+    return MultitaskFit(model, result, predictor, standardisation, spec, model_data)

@@ -1,0 +1,88 @@
+"""Where a multitask model starts: per-task inducing inputs and the fixed linear inner mean.
+
+- Inducing inputs: k-means centres (or a grid) of every task's inputs, M per task; a task with
+  fewer than M rows takes them from all tasks' inputs. Shared processes stack the T sets (M·T
+  points, as dgplib does); the top layer's inducing inputs are these pushed through the inner
+  layer's linear mean (spec Sec. 4.1, item 2).
+- Fixed linear mean of an inner process with W outputs (Salimbeni & Deisenroth 2017; dgplib):
+  identity, zero-padded, when D_in ≤ W; otherwise the top-W principal directions of the inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pyrogp_models.data.inducing import init_inducing
+from pyrogp_models.models.multitask.data import TaskData, TaskLayout
+
+
+@dataclass
+class Initialisation:
+    """Per-task inducing inputs Z^t [T, M, D] (model units), the principal directions of the
+    inputs [D, D] (columns by decreasing variance) and the random source of the mixing
+    coefficients of coregionalised models."""
+
+    inducing: torch.Tensor
+    directions: torch.Tensor
+    generator: torch.Generator
+
+    @classmethod
+    def from_data(cls, data: TaskData, num_inducing: int, method: str = "kmeans",
+                  generator: torch.Generator | None = None) -> Initialisation:
+        generator = generator or torch.Generator(device=data.X.device).manual_seed(0)
+        inducing = task_inducing(data, num_inducing, method, generator)
+        centred = data.X - data.X.mean(0)
+        directions = torch.linalg.svd(centred, full_matrices=True).Vh.mT
+        return cls(inducing, directions, generator)
+
+    @classmethod
+    def blank(cls, num_tasks: int, num_inducing: int, input_dim: int,
+              dtype: torch.dtype | None = None,
+              device: torch.device | str | None = None) -> Initialisation:
+        """Placeholders of the right shapes, for a model whose state is loaded next."""
+        return cls(torch.zeros(num_tasks, num_inducing, input_dim, dtype=dtype, device=device),
+                   torch.eye(input_dim, dtype=dtype, device=device),
+                   torch.Generator(device=device).manual_seed(0))
+
+    @property
+    def num_tasks(self) -> int:
+        return self.inducing.shape[0]
+
+    @property
+    def input_dim(self) -> int:
+        return self.inducing.shape[-1]
+
+    def mean_weights(self, width: int) -> torch.Tensor:
+        """The fixed linear mean x ↦ xW of an inner process with ``width`` outputs: W [D, width]."""
+        if width >= self.input_dim:
+            return torch.eye(self.input_dim, width, dtype=self.directions.dtype,
+                             device=self.directions.device)
+        return self.directions[:, :width].clone()
+
+    def stacked_inducing(self) -> torch.Tensor:
+        """The M·T inducing inputs of a process shared by all tasks [M·T, D]."""
+        return self.inducing.flatten(0, 1)
+
+    def normal(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        """Seeded N(0, scale²) draws (initial mixing coefficients)."""
+        return scale * torch.randn(shape, generator=self.generator, dtype=self.inducing.dtype,
+                                   device=self.inducing.device)
+
+
+def task_inducing(data: TaskData, num_inducing: int, method: str = "kmeans",
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """M inducing inputs per task [T, M, D]: centres of the task's inputs, or of all inputs for
+    a task with fewer than M rows."""
+    layout = TaskLayout.of(data.task, data.num_tasks)
+    own = layout.gather(data.X, 1)                                      # [T, P, D]
+    enough = layout.counts >= num_inducing
+    if bool(enough.all()):
+        return init_inducing(own, num_inducing, layout.mask, method, generator)
+    padding = data.num_points - own.shape[1]
+    own = torch.nn.functional.pad(own, (0, 0, 0, padding))
+    own_mask = torch.nn.functional.pad(layout.mask, (0, padding))
+    candidates = torch.where(enough[:, None, None], own, data.X)
+    mask = torch.where(enough[:, None], own_mask, True)
+    return init_inducing(candidates, num_inducing, mask, method, generator)

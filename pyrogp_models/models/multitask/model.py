@@ -1,0 +1,288 @@
+"""A multitask GP as one batched Pyro model: inner layer (or none), top layer, per-task likelihood.
+
+The ELBO (Boustati et al., eq. 9)
+
+    L = Σ_t Σ_n E_{q(f_n^t)}[log p(y_n^t | f_n^t)] − Σ_t KL[q(F̃^t) ‖ p(F̃^t)]
+        − Σ_t Σ_j KL[q(H̃_j^t) ‖ p(H̃_j^t)] − Σ_i KL[q(G̃_i) ‖ p(G̃_i)]
+
+is estimated doubly stochastically (Salimbeni & Deisenroth 2017): S draws of the latent space at
+every point of a minibatch from the inner marginals, λ = transform(μ + √(σ² + σ_w²) ε) with
+ε ~ N(0, I) (reparameterised, :mod:`.processes`); for each draw the top layer's marginal
+N(μ_f, σ_f²) at λ (eq. 21) and the likelihood's expectation E[log p(y | f)] — closed form
+(Gaussian), Gauss–Hermite (Bernoulli), Monte Carlo (softmax) or deterministic quadrature
+(robust-max) — averaged over the S draws and scaled per minibatch row (:mod:`.data`); the KL
+terms are analytic and unscaled. Without an inner layer (iGP, cGP) λ = x and the data term is
+exact. All tasks' processes are evaluated as batches over a [T, P] per-task layout: no N×N or
+cross-task matrix and no loop over tasks.
+
+As a Pyro model, every layer's whitened inducing values v are latent sites with an N(0, I) prior
+and the guide is q(v), so ``TraceMeanField_ELBO`` evaluates the KLs analytically; the data term
+enters as one ``pyro.factor`` computed from q's parameters. The data are bound as non-persistent
+buffers, so ``model()`` and ``guide()`` take no arguments. The estimator's randomness (minibatch
+rows, ε, softmax draws) comes from torch's global generator: ``pyro.set_rng_seed`` fixes it, and
+:meth:`MultitaskGP.elbo` takes fixed per-row draws for common random numbers.
+
+:meth:`MultitaskGP.to_state` gives a JSON-able config and the tensors, from which
+:meth:`MultitaskGP.from_state` rebuilds the model (data may be bound again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import ClassVar
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule, pyro_method
+
+from pyrogp_models.layers import SparseGPLayer, unique_name
+from pyrogp_models.likelihoods import make_likelihood
+from pyrogp_models.models.multitask.data import (
+    TaskBatch,
+    TaskData,
+    TaskLayout,
+    full_batch,
+    stacked_batch,
+    stratified_batch,
+)
+from pyrogp_models.models.multitask.initialisation import Initialisation
+from pyrogp_models.models.multitask.options import MultitaskOptions
+from pyrogp_models.models.multitask.outputs import CoregionalisedGP, TaskGPs
+from pyrogp_models.models.multitask.processes import LatentSpace
+from pyrogp_models.models.multitask.task_likelihood import TaskSelected
+
+#: Smallest variance a latent draw is scaled by (keeps ∂√v finite without inner white noise).
+_MIN_VARIANCE = 1e-30
+
+
+class MultitaskGP(PyroModule):
+    """Base of the multitask models; a subclass names its ``kind`` and builds its layers.
+
+    Args:
+        options: the architecture (resolved here for the subclass, T and D_in).
+        init: initial inducing inputs, linear means and mixing (:class:`Initialisation`).
+        data: the training data in model units (bound as non-persistent buffers), or None.
+        name: the Pyro name (default: a fresh one from ``kind``).
+    """
+
+    kind: ClassVar[str]
+    #: Model classes by kind, filled in as subclasses are defined.
+    registry: ClassVar[dict[str, type[MultitaskGP]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        MultitaskGP.registry[cls.kind] = cls
+
+    def __init__(self, options: MultitaskOptions, init: Initialisation,
+                 data: TaskData | None = None, name: str | None = None):
+        super().__init__(name or unique_name(self.kind))
+        self.num_tasks, self.input_dim = init.num_tasks, init.input_dim
+        self.options = options.resolved(self.kind, self.num_tasks, self.input_dim)
+        dtype, device = init.inducing.dtype, init.inducing.device
+        self.likelihood = make_likelihood(self.options.likelihood, (self.num_tasks,), dtype,
+                                          device, **self.options.likelihood_options)
+        self.latent, self.top = self.build_layers(self.options, init)
+        self.bind(data)
+
+    def bind(self, data: TaskData | None) -> None:
+        """Bind training data (model units) as non-persistent buffers ``data_X``, ``data_task``,
+        ``data_y`` and their per-task layout (``data_index``, ``data_mask``, ``data_slot``)."""
+        values = {}
+        if data is not None:
+            if data.num_tasks != self.num_tasks:
+                raise ValueError(f"the data have {data.num_tasks} tasks, the model "
+                                 f"{self.num_tasks}")
+            self.likelihood.validate_targets(data.y)
+            layout = TaskLayout.of(data.task, self.num_tasks)
+            values = {"X": data.X, "task": data.task, "y": data.y, "index": layout.index,
+                      "mask": layout.mask, "slot": layout.slot}
+        for key in ("X", "task", "y", "index", "mask", "slot"):
+            self.register_buffer(f"data_{key}", values.get(key), persistent=False)
+
+    def build_layers(self, options: MultitaskOptions, init: Initialisation
+                     ) -> tuple[LatentSpace | None, TaskGPs | CoregionalisedGP]:
+        """The inner layer (None for a single-layer model) and the top layer."""
+        raise NotImplementedError
+
+    # Shapes -------------------------------------------------------------------------------------
+    @property
+    def num_latent(self) -> int:
+        """L, the latent functions per task (C for C classes)."""
+        return self.likelihood.num_latent
+
+    @property
+    def is_deep(self) -> bool:
+        return self.latent is not None
+
+    def variational_sites(self) -> list[tuple[str, SparseGPLayer]]:
+        """(site name, layer) of every layer's whitened inducing values, inner layers first."""
+        inner = [] if self.latent is None else [(name, block.layer)
+                                                for name, block in self.latent.blocks()]
+        return [*inner, ("top", self.top.layer)]
+
+    def ard_weights(self) -> torch.Tensor:
+        """ω = 1/ℓ² of the top layer's ARD kernels (eq. 10): [T, D^λ] for per-task top GPs,
+        [1 or R, D^λ] (the latent GPs') for a coregionalised top."""
+        return self.top.ard_weights()
+
+    # The estimator ------------------------------------------------------------------------------
+    def kl(self) -> torch.Tensor:
+        """Σ of every KL term of eq. (9)."""
+        inner = 0.0 if self.latent is None else self.latent.kl()
+        return inner + self.top.kl()
+
+    def draw_noise(self, num_samples: int, shape: tuple[int, int], like: torch.Tensor,
+                   generator: torch.Generator | None = None, tie_shared: bool = False
+                   ) -> torch.Tensor | None:
+        """ε [S, T, P, noise_width] for one evaluation of the latent space on a [T, P] layout
+        (None without an inner layer); ``tie_shared`` uses one draw of every shared process per
+        slot for all tasks (for all tasks predicted at common inputs)."""
+        if self.latent is None:
+            return None
+        width = self.latent.noise_width
+        noise = torch.randn(num_samples, *shape, width, generator=generator, dtype=like.dtype,
+                            device=like.device)
+        if tie_shared:
+            shared = self.latent.shared_width
+            noise[..., :shared] = noise[:, :1, :, :shared].clone()
+        return noise
+
+    def latent_draws(self, X: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """λ [S, T, P, D^λ] at X [T', P, D] from standard normal draws [S, T, P, noise_width]
+        (x itself, [1, T', P, D], without an inner layer)."""
+        if self.latent is None:
+            return X.unsqueeze(0)
+        mean, var = self.latent.marginals(X)
+        return self.latent.transform(mean + self.inner_scale(var) * noise, X)
+
+    def inner_scale(self, var: torch.Tensor) -> torch.Tensor:
+        """√(σ² + σ_w²): the standard deviation of a draw of the inner blocks' outputs."""
+        return (var + self.options.inner_noise).clamp_min(_MIN_VARIANCE).sqrt()
+
+    def output_moments(self, X: torch.Tensor, noise: torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """λ and, per draw of it, the top layer's marginals N(μ_f, σ_f²) at the slots of the
+        per-task layout X [T', P, D]: λ [S, T, P, D^λ], μ_f and σ_f² [S, T, P(, L)]."""
+        latent = self.latent_draws(X, noise)
+        return (latent, *self.top.marginals(latent))
+
+    def data_terms(self, batch: TaskBatch | None = None, noise: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+        """The scaled data term of eq. (9) per task [T]: Σ_n w_n (1/S) Σ_s E[log p(y_n | f)]
+        on ``batch`` (default: all rows, weight 1). ``noise``: fixed standard normal draws per
+        data row [S, N, noise_width] (default: fresh draws, S = ``options.num_samples``)."""
+        batch = self.full_batch() if batch is None else batch
+        X, y = self.data_X[batch.rows], self.data_y[batch.rows]
+        noise = (self.draw_noise(self.options.num_samples, batch.rows.shape, X)
+                 if noise is None else noise[:, batch.rows])
+        _, mean, var = self.output_moments(X, noise)
+        expected = self.likelihood.expected_log_prob(y, mean, var).mean(0)
+        return (expected * batch.weights).sum(-1)
+
+    def elbo(self, batch: TaskBatch | None = None, noise: torch.Tensor | None = None
+             ) -> torch.Tensor:
+        """The estimate of eq. (9) on ``batch`` (see :meth:`data_terms`)."""
+        return self.data_terms(batch, noise).sum() - self.kl()
+
+    def data_layout(self) -> TaskLayout:
+        """The per-task layout of all bound rows."""
+        if self.data_X is None:
+            raise ValueError(f"this {self.kind} has no data bound")
+        return TaskLayout(self.data_index, self.data_mask, self.data_task, self.data_slot)
+
+    def full_batch(self) -> TaskBatch:
+        """All bound rows, weight 1."""
+        return full_batch(self.data_layout(), self.data_X.dtype)
+
+    def draw_batch(self) -> TaskBatch:
+        """A minibatch as ``options`` say (all rows without a batch size)."""
+        size = self.options.batch_size
+        if size is None:
+            return self.full_batch()
+        if self.options.minibatch == "stacked":
+            return stacked_batch(self.data_task, size, self.num_tasks, self.data_X.dtype)
+        return stratified_batch(self.data_layout(), -(-size // self.num_tasks),
+                                self.data_X.dtype)
+
+    # Pyro model / guide -----------------------------------------------------------------------
+    @pyro_method
+    def model(self):
+        """Whitened priors v ~ N(0, I) of every layer; the scaled data term as a factor."""
+        for name, layer in self.variational_sites():
+            layer.sample(self._pyro_get_fullname(name), posterior=False)
+        pyro.factor(self._pyro_get_fullname("data"), self.data_terms(self.draw_batch()).sum())
+
+    @pyro_method
+    def guide(self, *args, **kwargs):
+        """q(v) of every layer. Arguments of the model are accepted and ignored."""
+        for name, layer in self.variational_sites():
+            layer.sample(self._pyro_get_fullname(name), posterior=True)
+
+    @pyro_method
+    def predictive_model(self, X: torch.Tensor | None = None, tasks: torch.Tensor | None = None):
+        """Draws through the layers at rows (X [N, D], tasks [N]) in model units (default: the
+        bound data): sites ``<layer>`` (whitened inducing values), ``hidden`` [N, W] (the inner
+        blocks' outputs: λ itself, or cMDGP's u), ``f`` [N(, L)] and ``y`` [N]. With
+        :meth:`predictive_guide`, ``pyro.infer.Predictive`` draws the posterior predictive."""
+        if X is None:
+            self.data_layout()  # raises without bound data
+            X, tasks = self.data_X, self.data_task
+        return self.predictive_sites(X, tasks, self._pyro_get_fullname)
+
+    @pyro_method
+    def predictive_guide(self, *args, **kwargs):
+        """q(v) for :meth:`predictive_model`."""
+        self.guide()
+
+    def predictive_sites(self, X: torch.Tensor, tasks: torch.Tensor,
+                         site: Callable[[str], str]) -> torch.Tensor:
+        """The sites of :meth:`predictive_model`, named by ``site``; returns y."""
+        layout = TaskLayout.of(tasks, self.num_tasks)
+        X_layout = layout.gather(X, 1)
+        whitened = {name: layer.sample(site(name), posterior=False)
+                    for name, layer in self.variational_sites()}
+        latent = X_layout
+        if self.latent is not None:
+            mean, var = self.latent.conditional(whitened, X_layout)
+            scale = self.inner_scale(var).expand_as(mean)
+            outputs = pyro.sample(site("hidden"), dist.Normal(
+                layout.to_long(mean, 1), layout.to_long(scale, 1)).to_event(2))
+            latent = self.latent.transform(layout.gather(outputs, 1), X_layout)
+        mean, var = self.top.conditional(whitened["top"], latent)
+        event = 1 if self.num_latent == 1 else 2
+        mean, var = layout.to_long(mean, event - 1), layout.to_long(var, event - 1)
+        f = pyro.sample(site("f"), dist.Normal(mean, var.sqrt().expand_as(mean)).to_event(event))
+        return pyro.sample(site("y"), self.observation(f, tasks).to_event(1))
+
+    def observation(self, f: torch.Tensor, tasks: torch.Tensor) -> TaskSelected:
+        """p(y_n | f_n) with task t_n's likelihood parameters, for rows f [..., N(, L)]."""
+        return TaskSelected(self.likelihood, f, tasks)
+
+    # Natural gradients ------------------------------------------------------------------------
+    def natural_gradient_objectives(self) -> list:
+        raise ValueError(f"natural gradients are not available for deep GPs ({self.kind}): the "
+                         "ELBO of a deep GP is not conjugate in any layer's q(u); train with "
+                         "natural_gradient_lr=None")
+
+    # State --------------------------------------------------------------------------------------
+    def to_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """A JSON-able config and the tensors (parameters, unconstrained, and the fixed means):
+        all a file needs to rebuild the model (no data)."""
+        config = {"model": self.kind, "num_tasks": self.num_tasks, "input_dim": self.input_dim,
+                  "options": asdict(self.options)}
+        return config, {key: value.detach().clone() for key, value in self.state_dict().items()}
+
+    @classmethod
+    def from_state(cls, config: dict, tensors: dict[str, torch.Tensor],
+                   data: TaskData | None = None, name: str | None = None) -> MultitaskGP:
+        """The model :meth:`to_state` described (optionally with data bound)."""
+        model_class = MultitaskGP.registry[config["model"]]
+        options = MultitaskOptions(**config["options"])
+        reference = next(iter(tensors.values()))
+        init = Initialisation.blank(config["num_tasks"], options.num_inducing,
+                                    config["input_dim"], reference.dtype, reference.device)
+        model = model_class(options, init, data, name)
+        model.load_state_dict(tensors)
+        return model

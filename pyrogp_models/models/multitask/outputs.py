@@ -1,0 +1,125 @@
+"""The top layer of a multitask GP: the outputs f^t given the latent space λ^t (or the inputs x,
+for the single-layer baselines).
+
+- :class:`TaskGPs`: one GP per task, f^t ~ GP(0, k^t(λ, λ')) with an ARD Matérn-5/2 kernel
+  (Boustati et al., eqs. 1 and 10): mMDGP, sMDGP, iDGP and, on x, iGP;
+- :class:`CoregionalisedGP`: one coregionalised GP for all tasks, f^t(λ) = Σ_r W_tr φ_r(λ) with
+  R independent latent GPs φ_r — the ICM kernel B[t, t'] k(λ, λ') with B = WWᵀ when the φ_r
+  share one kernel, the LMC otherwise (Bonilla et al. 2007; Sec. 2.3): cMDGP and, on x, cGP.
+
+Both are :class:`~pyrogp_models.layers.SparseGPLayer` batches with zero mean and L outputs per
+task (L = C for C classes; the L outputs share kernel and inducing inputs). ``marginals`` gives the
+variational marginals of f^t at the points of task t only, ``conditional`` their law given
+whitened inducing draws; λ arrives in the per-task layout [..., T', P, D^λ], results leave as
+[..., T, P] (or [..., T, P, L]).
+"""
+
+from __future__ import annotations
+
+import torch
+from pyro.nn import PyroModule, PyroParam
+
+from pyrogp_models.kernels import Stationary
+from pyrogp_models.layers import SparseGPLayer
+from pyrogp_models.likelihoods import latent_layout
+from pyrogp_models.models.multitask.processes import KERNEL
+
+
+class TaskGPs(PyroModule):
+    """f^t, t = 1..T: a GP per task with L outputs on its own inputs.
+
+    Args:
+        inducing: initial Z [T, M, D^λ] (in λ-space).
+        num_latent: L.
+        lengthscale, variance: initial ARD Matérn-5/2 hyperparameters.
+        jitter, learn_inducing: as for :class:`SparseGPLayer`.
+    """
+
+    def __init__(self, inducing: torch.Tensor, num_latent: int, *, lengthscale: float,
+                 variance: float, jitter: float, learn_inducing: bool):
+        super().__init__()
+        num_tasks, _, width = inducing.shape
+        kernel = Stationary(KERNEL, width, (num_tasks, 1), ard=True, lengthscale=lengthscale,
+                            variance=variance, dtype=inducing.dtype, device=inducing.device)
+        self.layer = SparseGPLayer(kernel, inducing.unsqueeze(-3), (num_tasks, num_latent),
+                                   learn_inducing=learn_inducing, jitter=jitter)
+
+    def marginals(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q(f^t) at λ [..., T', P, D^λ] (eq. 21, given λ): mean and variance [..., T, P(, L)]."""
+        mean, var = self.layer.marginals(latent.unsqueeze(-3))
+        return latent_layout(mean), latent_layout(var)
+
+    def conditional(self, whitened: torch.Tensor, latent: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """p(f^t | v) at λ given whitened inducing draws [..., T, L, M]."""
+        mean, var = self.layer.conditional_on(whitened, latent.unsqueeze(-3))
+        return latent_layout(mean), latent_layout(var.expand(*var.shape[:-2], *mean.shape[-2:]))
+
+    def kl(self) -> torch.Tensor:
+        return self.layer.kl().sum()
+
+    def task_kl(self) -> torch.Tensor:
+        """KL[q(F̃^t) ‖ p(F̃^t)] per task [T]."""
+        return self.layer.kl().sum(-1)
+
+    def ard_weights(self) -> torch.Tensor:
+        """ω_td = 1/ℓ_td² of every task's kernel (eq. 10) [T, D^λ]."""
+        return self.layer.kernel.lengthscale.squeeze(-2).square().reciprocal()
+
+
+class CoregionalisedGP(PyroModule):
+    """f^t(λ) = Σ_r W_tr φ_r(λ) for all tasks, with L outputs each.
+
+    Args:
+        inducing: initial Z [M_c, D^λ], shared by the R latent GPs at the start.
+        num_latent: L.
+        mixing: initial W [T, R].
+        icm: the φ_r share one kernel (else each has its own: LMC).
+        lengthscale, variance, jitter, learn_inducing: as for :class:`TaskGPs`.
+    """
+
+    def __init__(self, inducing: torch.Tensor, num_latent: int, mixing: torch.Tensor, *,
+                 icm: bool, lengthscale: float, variance: float, jitter: float,
+                 learn_inducing: bool):
+        super().__init__()
+        rank = mixing.shape[-1]
+        size, width = inducing.shape
+        kernel = Stationary(KERNEL, width, (1 if icm else rank, 1), ard=True,
+                            lengthscale=lengthscale, variance=variance, dtype=inducing.dtype,
+                            device=inducing.device)
+        self.layer = SparseGPLayer(kernel, inducing.expand(rank, 1, size, width).clone(),
+                                   (rank, num_latent), learn_inducing=learn_inducing,
+                                   jitter=jitter)
+        self.mixing = PyroParam(mixing)
+
+    def marginals(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q(f^t) at λ [..., T', P, D^λ]: mean Σ_r W_tr μ_r, variance Σ_r W_tr² σ_r² (the φ_r
+        are independent under q) [..., T, P(, L)]."""
+        return self._mix(*self.layer.marginals(self._points(latent)), latent)
+
+    def conditional(self, whitened: torch.Tensor, latent: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """p(f^t | v) at λ given whitened inducing draws [..., R, L, M]."""
+        mean, var = self.layer.conditional_on(whitened, self._points(latent))
+        return self._mix(mean, var.expand(*var.shape[:-2], *mean.shape[-2:]), latent)
+
+    def kl(self) -> torch.Tensor:
+        return self.layer.kl().sum()
+
+    def ard_weights(self) -> torch.Tensor:
+        """ω = 1/ℓ² of the latent GPs' kernels [1 (ICM) or R, D^λ] (no per-task ARD)."""
+        return self.layer.kernel.lengthscale.squeeze(-2).square().reciprocal()
+
+    @staticmethod
+    def _points(latent: torch.Tensor) -> torch.Tensor:
+        """λ [..., T', P, D] as every latent GP's inputs [..., 1, 1, T'·P, D]."""
+        return latent.flatten(-3, -2)[..., None, None, :, :]
+
+    def _mix(self, mean: torch.Tensor, var: torch.Tensor, latent: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[..., R, L, T'·P] moments of the φ_r → [..., T, P(, L)] of the f^t."""
+        def mix(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+            values = values.unflatten(-1, latent.shape[-3:-1]).movedim(-4, -1)  # [.., L, T', P, R]
+            mixed = (values * weights.unsqueeze(-2)).sum(-1)                      # [.., L, T, P]
+            return latent_layout(mixed.movedim(-3, -2))
+        return mix(mean, self.mixing), mix(var, self.mixing.square())
