@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench docs notebooks clean
 
 venv: $(VENV)/.installed
 
@@ -12,15 +12,28 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e '.[test,bench]'
+	$(BIN)/pip install -e '.[test,bench,docs]'
 	touch $@
 
 test: venv
+	$(MAKE) docs
 	$(BIN)/pytest
 	$(BIN)/ruff check .
 
 demo: venv
 	$(BIN)/python -m inference.demo
+
+# The site in docs/_build/html, rebuilt from scratch; a warning (a broken cross-reference, a public
+# symbol without a docstring, a notebook that does not render) fails the build.
+docs: venv
+	rm -rf docs/_build
+	$(BIN)/sphinx-build -E -W --keep-going -q -b html docs docs/_build/html
+	touch docs/_build/html/.clean-build
+
+# Every notebook in notebooks/ run at full settings, its outputs (figures included) stored in the
+# .ipynb (notebooks/execute.py); the tests run them in fast mode without writing them back.
+notebooks: venv
+	$(BIN)/python notebooks/execute.py
 
 bench: venv
 	set -e; for script in $(wildcard benchmarks/*.py); do $(BIN)/python "$$script"; done

@@ -63,6 +63,7 @@ class MemberBlock:
         return torch.cat([p.detach().reshape(self.members, -1) for p in self.parameters], 1)
 
     def assign(self, flat: torch.Tensor) -> None:
+        """Write ``flat`` [K, P] (one row of P numbers per member) into the parameters."""
         start = 0
         with torch.no_grad():
             for p in self.parameters:
@@ -131,10 +132,13 @@ class MemberBlock:
 
     # State (checkpoints) ----------------------------------------------------------------------
     def state(self) -> dict[str, torch.Tensor]:
+        """The curvature pairs s, y [K, memory, P], ρ [K, memory], step lengths [K] and the
+        active-member mask [K], for a checkpoint."""
         return {"s": self.s, "y": self.y, "rho": self.rho, "step_length": self.step_length,
                 "active": self.active}
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what :meth:`state` returned; the next step evaluates afresh."""
         self.s, self.y, self.rho = state["s"], state["y"], state["rho"]
         self.step_length, self.active = state["step_length"], state["active"]
         self.value = self.gradient = None
@@ -150,6 +154,8 @@ class BatchedLBFGS:
         self.blocks = [MemberBlock(params, objective, history) for params, objective in blocks]
 
     def step(self) -> torch.Tensor:
+        """One iteration of every block (one batched evaluation with its gradient); returns the
+        sum over members of the objective at the points evaluated (a scalar)."""
         return sum(block.step().sum() for block in self.blocks)
 
     def member_values(self) -> list[torch.Tensor]:
@@ -171,5 +177,6 @@ class BatchedLBFGS:
                 "param_groups": []}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore every block's memory, step lengths and frozen members (a checkpoint)."""
         for index, block in enumerate(self.blocks):
             block.load_state(state["state"][index])

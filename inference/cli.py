@@ -24,6 +24,7 @@ COMMANDS = [
     "inference.commands.recycle",
     "inference.commands.fit_distkernel",
     "inference.commands.fit_experts",
+    "inference.commands.fit_multitask",
     "inference.commands.info",
     "inference.commands.predict",
     "inference.commands.combine",
@@ -40,6 +41,8 @@ _MAX_MESSAGE = 400
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``pyrogp`` parser: global options and one subparser per module of :data:`COMMANDS`
+    (the documentation's command-line page is generated from it)."""
     parser = argparse.ArgumentParser(
         prog="pyrogp", description="Gaussian processes fitted on partitions of data.")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)

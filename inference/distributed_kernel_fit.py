@@ -52,8 +52,10 @@ HOOK_ITERATIONS = 15
 #: Relative CG residual ‖b − Hm‖/‖b‖ at which a solve stops (the hook freezes, the final solve
 #: returns).
 SOLVE_TOL = 1e-7
-#: The training defaults: 300 Adam steps at learning rate 0.02, no convergence test.
-DEFAULT_TRAIN_CONFIG = TrainConfig(steps=300, lr=0.02, tol=None)
+#: The training defaults: Adam at learning rate 0.05 on the kernel, Z and the likelihood (q(v)
+#: by its solve hook), stopping when the bound changes by less than 1e-6 (relative) over 50
+#: steps, at most 1000 steps (a warning says when the limit stops it first).
+DEFAULT_TRAIN_CONFIG = TrainConfig(steps=1000, lr=0.05, window=50, tol=1e-6)
 
 
 @dataclass

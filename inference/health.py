@@ -16,8 +16,11 @@ import numpy as np
 
 from pyrogp_models.modules.record import Module
 
+#: How many robust standard deviations below its siblings' median ELBO per point flag a module.
 OUTLIER_Z = 5.0
+#: The smallest robust spread of the siblings' ELBO per point, in nats per point.
 MIN_SPREAD = 0.05
+#: The fewest modules in a set for the outlier test to judge.
 MIN_SIBLINGS = 5
 
 

@@ -92,6 +92,10 @@ def fit_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
               config: TrainConfig | None = None) -> LocalFit:
     """Fit all partitions as one batched model and export one module per partition.
 
+    ``data`` is (X [N, D], y [N], partition) in data units. Each partition maximises its SVGP
+    ELBO (Hensman et al. 2015, eq. 4) or, by default for Gaussian data, Titsias' collapsed bound
+    (2009, eq. 9).
+
     Inputs are standardised with one set of statistics shared by every partition (so modules
     from one fit live in the same space and can be recycled together); Gaussian-type targets are
     standardised too.

@@ -4,13 +4,16 @@ The data — a list of per-task pairs [(X^t, y^t)], a long-format triple (X, tas
 :class:`~pyrogp_models.models.multitask.TaskData` — are standardised (inputs over all tasks,
 Gaussian targets per task), the model named by ``spec.model`` is initialised from them
 (k-means inducing inputs per task, fixed linear inner means) and trained with the library's
-trainer (:func:`inference.trainer.train`; Adam by default, the paper's optimiser for the deep
-models). The predictor works in data units and takes the task of every point as ``labels``.
+trainer (:func:`inference.trainer.train`). By default (:func:`default_config`) the deep models
+train by Adam, the paper's optimiser, judged converged when the change of their estimated ELBO
+is within its Monte Carlo noise; the single-layer baselines iGP and cGP add unit
+natural-gradient steps on q(u) (exact for a Gaussian iGP, safeguarded otherwise). The predictor
+works in data units and takes the task of every point as ``labels``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -56,11 +59,24 @@ class MultitaskFit(Fit):
     data: TaskData
 
 
+#: Models without an inner layer: their q(u) takes natural-gradient steps by default.
+SINGLE_LAYER = ("igp", "cgp")
+
+
+def default_config(spec: MultitaskSpec) -> TrainConfig:
+    """Adam (lr 0.05, at most 1000 steps, tolerance 1e-6 over 50 steps); for iGP and cGP also a
+    unit natural-gradient step on q(u) before each Adam step."""
+    config = TrainConfig()
+    return replace(config, natural_gradient_lr=1.0) if spec.model in SINGLE_LAYER else config
+
+
 def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
                       config: TrainConfig | None = None) -> MultitaskFit:
-    """Standardise, build ``spec.model`` and train it; see the module docstring."""
+    """Standardise, build ``spec.model`` and train it on the ELBO of Boustati et al. (eq. 9);
+    ``data`` is a list of per-task pairs [(X^t [N^t, D], y^t [N^t])], a long-format triple
+    (X [N, D], task [N], y [N]) or a :class:`TaskData`. See the module docstring."""
     spec = spec or MultitaskSpec()
-    config = config or TrainConfig()
+    config = config or default_config(spec)
     if spec.likelihood not in LIKELIHOODS:
         raise ValueError(f"unknown likelihood '{spec.likelihood}'; "
                          f"choose from {sorted(LIKELIHOODS)}")

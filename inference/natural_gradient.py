@@ -78,6 +78,7 @@ class NaturalGradient:
                 if id(layer) in self.steps}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore every layer's per-member step sizes from a checkpoint."""
         for index, (layer, _) in enumerate(self.targets):
             if str(index) in state:
                 self.steps[id(layer)] = state[str(index)]

@@ -79,9 +79,9 @@ class RecycleSpec:
 
 
 #: The collapsed bound: L-BFGS with a backtracking line search that rejects non-finite trial
-#: points (:mod:`inference.batched_lbfgs`), stopping when the bound changes by less than 1e-8
-#: (relative) over 10 iterations.
-COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=300, window=10, tol=1e-8)
+#: points (:mod:`inference.batched_lbfgs`), stopping when the bound changes by less than 1e-6
+#: (relative) over 10 iterations, as the local fits do.
+COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, window=10, tol=1e-6)
 #: The uncollapsed bound: a unit natural-gradient step on q(v) (exact for modules and Gaussian
 #: raw data, safeguarded otherwise) before each Adam step on the kernel and Z_*.
 UNCOLLAPSED_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=50, tol=1e-6,
@@ -107,7 +107,8 @@ class Recycled(Fit):
 
 def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
             config: TrainConfig | None = None, raw_data: RawData | None = None) -> Recycled:
-    """Fit a meta-GP to ``modules`` (and ``raw_data``).
+    """Fit a meta-GP to ``modules`` (and ``raw_data``) on the ensemble bound L_E of Recyclable GPs
+    (eq. 6), or with raw data the combined bound (eq. 19).
 
     With ``spec.collapsed`` ψ_*, Z_* are learned on the collapsed bound L_E^*; otherwise q(v),
     ψ_*, Z_* (and the raw data's likelihood) are learned on L_E, starting from the collapsed
@@ -245,6 +246,7 @@ class RecycledMultiOutput:
     result: TrainResult
 
     def predictor(self, output: str) -> Predictor:
+        """The meta-GP's predictor of one output (the name of its module), in data units."""
         return self.model.predictor(output)
 
 

@@ -49,7 +49,7 @@ from inference.batched_lbfgs import BatchedLBFGS
 from inference.natural_gradient import NaturalGradient
 from pyrogp_models.errors import CholeskyError, NotConvergedWarning
 from pyrogp_models.gaussian.linalg import deferred_checks
-from pyrogp_models.modules.files import atomic_write
+from pyrogp_models.modules.signed import atomic_write
 
 OPTIMIZERS = ("adam", "lbfgs")
 
@@ -91,7 +91,8 @@ class TrainConfig:
 class TrainResult:
     """Loss history (negative ELBO summed over the model's pieces) and how training ended:
     ``seconds`` is the wall time of the loop, ``change`` the relative change of the loss over
-    the last convergence window (for independent members: the largest member's), and
+    the last convergence window (for independent members: the largest member's; for a module
+    whose ``noisy_objective`` is true, only the change beyond twice its standard error), and
     ``member_converged`` — for a model of independent members trained by the batched L-BFGS —
     which members passed the convergence test (in the order of ``member_objectives()``)."""
 
@@ -125,13 +126,18 @@ def _make_optimizer(config: TrainConfig, params, module):
                              tolerance_change=1e-14)
 
 
-def _relative_change(losses: torch.Tensor, step: int, window: int) -> torch.Tensor:
-    """|mean of the last window − mean of the window before| / max(1, |mean of the last|)."""
+def _relative_change(losses: torch.Tensor, step: int, window: int, noisy: bool = False
+                     ) -> torch.Tensor:
+    """|mean of the last window − mean of the window before| / max(1, |mean of the last|); for
+    a ``noisy`` (estimated) loss, only the part of the change beyond twice its standard error
+    (from the spread within the two windows) counts."""
     if step < 2 * window:
         return losses.new_tensor(math.inf)
-    recent = losses[step - window:step].mean()
-    before = losses[step - 2 * window:step - window].mean()
-    return (recent - before).abs() / recent.abs().clamp_min(1.0)
+    recent, before = losses[step - window:step], losses[step - 2 * window:step - window]
+    change = (recent.mean() - before.mean()).abs()
+    if noisy and window > 1:
+        change = (change - 2 * ((recent.var() + before.var()) / window).sqrt()).clamp_min(0.0)
+    return change / recent.mean().abs().clamp_min(1.0)
 
 
 class _MemberChanges:
@@ -153,7 +159,9 @@ class _MemberChanges:
 
 def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
           hooks: Sequence[PreStepHook] = (), **kwargs) -> TrainResult:
-    """Maximise the ELBO of ``module.model`` / ``module.guide`` (called with ``args, kwargs``)."""
+    """Maximise the ELBO of ``module.model`` / ``module.guide`` (called with ``args, kwargs``):
+    minimise Pyro's ``TraceMeanField_ELBO`` loss by ``config``'s optimiser, with ``hooks`` (and a
+    natural-gradient hook when ``config.natural_gradient_lr`` is set) before every step."""
     config = config or TrainConfig()
     hooks = list(hooks)
     if config.natural_gradient_lr is not None:
@@ -189,6 +197,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     bar = tqdm(total=config.steps, initial=start, disable=not config.progress, desc="fit",
                leave=False)
     members = _MemberChanges(optimizer) if isinstance(optimizer, BatchedLBFGS) else None
+    noisy = bool(getattr(module, "noisy_objective", False))
     step, began = start, time.perf_counter()
     try:
         with deferred_checks():
@@ -214,7 +223,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                     _check_finite(losses, step, loss_fn)
                     bar.set_postfix(loss=f"{losses[step - 1].item():.4g}")
                     change = (members() if members is not None
-                              else _relative_change(losses, step, config.window))
+                              else _relative_change(losses, step, config.window, noisy))
                     result.change = float(change.max())
                     if members is not None:
                         converged = change <= (config.tol or 0.0)

@@ -1,19 +1,22 @@
-"""Smoke test: ``benchmarks/local_fit.py --quick`` runs quickly and writes the expected JSON."""
+"""Smoke test: ``benchmarks/local_fit.py --quick`` runs and writes the expected JSON (it races
+GPyTorch, from the ``bench`` extra: skipped when only the ``test`` extra is installed)."""
 
 import json
 import math
 
+import pytest
+
 from helpers import run_quick_benchmark
 
-BUDGET_SECONDS = 40.0
+pytest.importorskip("gpytorch", reason="the local-fit benchmark races GPyTorch (bench extra)")
 
 
 def test_local_fit_benchmark_quick(tmp_path):
     out = tmp_path / "local_fit_quick.json"
-    stdout = run_quick_benchmark("local_fit.py", out, BUDGET_SECONDS)
+    stdout = run_quick_benchmark("local_fit.py", out)
     assert "Batched fit vs loop of single fits" in stdout
     assert "Time per optimiser step" in stdout
-    assert "Time for all fits to reach their reference ELBO" in stdout
+    assert "fits to reach their optimum" in stdout
     assert f"JSON written to {out}" in stdout
 
     payload = json.loads(out.read_text())
@@ -47,27 +50,22 @@ def test_local_fit_benchmark_quick(tmp_path):
         # same objective at the same initial point (up to the two libraries' jitter)
         assert math.isclose(row["first_loss_ours"], row["first_loss_gpytorch"], rel_tol=5e-3)
 
-    assert [(c["bound"], c["q_update"]) for c in payload["convergence"]] == [
-        ("uncollapsed", "Adam"), ("uncollapsed", "natural gradient, γ = 1"),
-        ("collapsed", "optimal (collapsed)")]
-    for converge in payload["convergence"]:
-        for key in ("K", "rtol", "adam_steps", "adam_seconds", "seconds_per_step",
-                    "partitions_within", "lbfgs_reference_evaluations"):
-            assert converge[key] is not None, key
-        assert converge["K"] == payload["settings"]["converge_k"]
-        assert converge["rtol"] == 1e-3
-        assert 0 <= converge["partitions_within"] <= converge["K"]
-        # null means "not reached within the run": both are reported either way
-        for step_key, seconds_key in (("last_partition_step", "last_partition_seconds"),
-                                      ("all_within_step", "all_within_seconds")):
-            assert (converge[step_key] is None) == (converge[seconds_key] is None)
-            if converge[step_key] is not None:
-                assert 0 < converge[step_key] <= converge["adam_steps"]
-        if converge["last_partition_step"] is not None:
-            assert converge["partitions_within"] == converge["K"]
-            if converge["all_within_step"] is not None:
-                assert converge["all_within_step"] >= converge["last_partition_step"]
+    converge = payload["convergence"]
+    assert converge["K"] == payload["settings"]["converge_k"] and converge["rtol"] == 1e-3
+    names = [run["name"] for run in converge["runs"]]
+    assert names[0] == "defaults" and sum(name.startswith("GPyTorch") for name in names) == 2
+    for run in converge["runs"]:
+        # one reference per partition, the best of all runs: no run ends above it
+        assert run["final_relative_gap_max"] >= 0 and run["final_relative_gap_median"] >= 0
+        assert 0 <= run["partitions_within_at_end"] <= converge["K"]
+        # null means "not reached within the run"
+        assert (run["all_within_step"] is None) == (run["all_within_seconds"] is None)
+        if run["all_within_step"] is not None:
+            assert 0 < run["all_within_step"] <= run["steps"]
+    # the defaults stop when converged, and converged means within the tolerance
+    assert converge["runs"][0]["stopped_by"] == "converged"
+    assert converge["runs"][0]["partitions_within_at_end"] == converge["K"]
 
     targets = payload["targets"]
-    assert set(targets) == {"fit_vs_loop", "per_step_vs_gpytorch"}
+    assert set(targets) == {"fit_vs_loop", "per_step_vs_gpytorch", "defaults_to_rtol"}
     assert all(isinstance(t["met"], bool) for t in targets.values())

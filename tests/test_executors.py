@@ -155,6 +155,38 @@ def test_cli_on_a_running_scheduler_matches_the_in_process_cli(client, tmp_path,
                                    module.predict_y(X)[0].numpy(), atol=1e-3 * y.std())
 
 
+def test_cli_workers_runs_an_embedded_cluster(capsys, tmp_path, data, monkeypatch):
+    """``--workers 2``: a real two-process Dask cluster started and stopped by the command,
+    with the modules of the in-process fit."""
+    clusters = []
+    real_client = executors.dask_client
+
+    def recording_client(workers=None, scheduler=None):
+        clusters.append((workers, scheduler))
+        return real_client(workers, scheduler)
+
+    monkeypatch.setattr(executors, "dask_client", recording_client)
+    X, y = data
+    path = tmp_path / "data.csv"
+    np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="x1,x2,y", comments="")
+    common = ["fit-local", str(path), "--target", "y", "--partitions", "4", "--partition-by",
+              "contiguous", "--inducing", "5", "--seed", "2"]
+    assert main([*common, "--out", str(tmp_path / "local")]) == 0
+    capsys.readouterr()
+    assert main([*common, "--workers", "2", "--out", str(tmp_path / "workers")]) == 0
+    assert "4 modules" in capsys.readouterr().out
+    assert clusters == [(2, None)]
+    local, workers = load_modules(tmp_path / "local"), load_modules(tmp_path / "workers")
+    assert list(workers) == list(local)
+    for name, module in local.items():
+        assert workers[name].info["converged"]
+        assert workers[name].elbo == pytest.approx(module.elbo, rel=1e-5)
+        # the same optimum along another path (see the test above): a mix-up of partitions
+        # would differ at O(1)
+        np.testing.assert_allclose(workers[name].predict_y(X)[0].numpy(),
+                                   module.predict_y(X)[0].numpy(), atol=5e-3 * y.std())
+
+
 def test_cli_rejects_bad_distribution_options(capsys, tmp_path, monkeypatch, data):
     X, y = data
     path = tmp_path / "data.csv"

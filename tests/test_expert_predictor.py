@@ -14,11 +14,10 @@ from pyrogp_models.errors import IncompatibleModulesError
 from pyrogp_models.models.experts import (
     ExpertCombination,
     ModuleExperts,
-    combine,
-    combine_in_y_space,
     grbcm_rows,
 )
 from pyrogp_models.modules.routing import Predictor
+from test_expert_rules import np_gpoe, np_rbcm, np_softmax
 
 TOL = dict(rtol=1e-9, atol=1e-12)
 QUICK = TrainConfig(steps=10, tol=None)
@@ -102,6 +101,8 @@ def test_entropy_rbcm_of_one_expert_is_not_the_expert_prop3(exact_fit):
 
 
 def test_combination_equals_rules_on_per_module_predictions(exact_fit, svgp_modules):
+    """Each module's own prediction, combined by the independent numpy rules of
+    test_expert_rules.py (not the library's ``combine``), in f- and y-space."""
     fit, _, _, Xs = exact_fit
     for modules in (fit.modules, svgp_modules):
         experts = ModuleExperts(modules)
@@ -110,25 +111,37 @@ def test_combination_equals_rules_on_per_module_predictions(exact_fit, svgp_modu
         for j, module in enumerate(modules.values()):
             for got, want in zip((mean[j], var[j]), module.predict_f(Xs), strict=True):
                 np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL)
-        prior = torch.stack([m.variance for m in modules.values()]).mean()
-        noise = torch.stack([m.likelihood_params["variance"] for m in modules.values()]).mean()
-        for rule, weights, space in [("rbcm", None, "f"), ("gpoe", "softmax-var", "f"),
-                                     ("bcm", None, "y"), ("barycenter", "softmax-var", "y")]:
+        # the documented prior and noise: means over the experts (one standardisation here)
+        m, v = mean.numpy(), var.numpy()
+        prior = np.mean([float(module.variance) for module in modules.values()])
+        prior_mean = np.mean([float(module.prior_mean) for module in modules.values()])
+        noise = np.mean([float(module.likelihood_params["variance"])
+                         for module in modules.values()])
+        m_y, v_y, prior_y = m, v + noise, prior + noise
+        entropy = np.maximum(0.5 * (np.log(prior) - np.log(v)), 0.0)
+        expected = {  # latent (f) or noisy (y) moments of each rule, as (mean, y variance)
+            ("rbcm", None, "f"): np_rbcm(m, np.minimum(v, prior), entropy, prior, prior_mean),
+            ("gpoe", "softmax-var", "f"): np_gpoe(m, v, np_softmax(-50.0 * v)),
+            ("bcm", None, "y"): np_rbcm(m_y, np.minimum(v_y, prior_y), np.ones_like(v), prior_y,
+                                        prior_mean),
+            ("barycenter", "softmax-var", "y"): np_w2_barycenter(m_y, v_y,
+                                                                 np_softmax(-50.0 * v_y)),
+        }
+        s = fit.standardisation if modules is fit.modules else svgp_modules[
+            "part000"].standardisation
+        for (rule, weights, space), (want_mean, want_var) in expected.items():
             combination = ExpertCombination(experts, rule, weights, 50.0, space=space)
-            kwargs = dict(prior_var=prior.expand(len(Xs)), weights=weights, temperature=50.0)
-            if space == "f":
-                want_mean, want_var = combine(rule, mean, var, **kwargs)
-                want_y_var = want_var + noise
-            else:
-                want_mean, want_y_var = combine_in_y_space(rule, mean, var, noise_var=noise,
-                                                           **kwargs)
-            s = fit.standardisation if modules is fit.modules else svgp_modules[
-                "part000"].standardisation
+            want_y_var = want_var + noise if space == "f" else want_var
             y_mean, y_var = combination.predict_y(Xs)
-            np.testing.assert_allclose(y_mean.numpy(), s.inverse_y_mean(want_mean).numpy(),
-                                       **TOL)
-            np.testing.assert_allclose(y_var.numpy(), s.inverse_y_var(want_y_var).numpy(),
-                                       **TOL)
+            np.testing.assert_allclose(y_mean.numpy(), want_mean * s.y_scale + s.y_mean,
+                                       rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(y_var.numpy(), want_y_var * s.y_scale ** 2, rtol=1e-9)
+
+
+def np_w2_barycenter(m, v, b):
+    """The exact 1-D W2 barycenter: weighted means of the means and of the standard deviations."""
+    b = b / b.sum(0)
+    return (b * m).sum(0), (b * np.sqrt(v)).sum(0) ** 2
 
 
 def test_predictor_protocol_and_names(exact_fit):

@@ -475,22 +475,56 @@ def test_quadratic_form_equals_the_module_by_module_scores():
 
 
 @pytest.mark.parametrize("sizes", [(3, 5), (20,)])
-def test_site_gram_value_and_gradient(sizes):
-    """[KᵀPK | Kᵀb] for block-diagonal P (entry-by-entry blocks up to M_k = 16, batched matrix
-    products above), against dense algebra and finite differences."""
-    from pyrogp_models.gaussian.expectations import _SiteGram
+def test_block_diagonal_product_value_and_gradient(sizes):
+    """blockdiag(A_k) X (entry-by-entry blocks up to M_k = 16, batched matrix products above),
+    against dense algebra and finite differences."""
+    from pyrogp_models.gaussian.expectations import block_diagonal_product
 
     generator = torch.Generator().manual_seed(0)
     blocks = [torch.randn(4 // len(sizes) + 1, size, size, generator=generator)
               for size in sizes]
-    blocks = [b + b.mT for b in blocks]
     rows = sum(b.shape[0] * b.shape[1] for b in blocks)
-    cross = torch.randn(rows, 6, generator=generator, requires_grad=True)
-    shift = torch.randn(rows, generator=generator)
+    matrix = torch.randn(rows, 6, generator=generator, requires_grad=True)
     dense = torch.block_diag(*(block for group in blocks for block in group))
-    expected = torch.cat([cross.T @ dense @ cross, (cross.T @ shift).unsqueeze(-1)], -1)
-    torch.testing.assert_close(_SiteGram.apply(cross, shift, *blocks), expected)
-    assert torch.autograd.gradcheck(lambda c: _SiteGram.apply(c, shift, *blocks), (cross,))
+    torch.testing.assert_close(block_diagonal_product(blocks, matrix), dense @ matrix)
+    assert torch.autograd.gradcheck(lambda m: block_diagonal_product(blocks, m), (matrix,))
+
+
+def test_the_site_precision_stays_positive_semidefinite_when_badly_conditioned():
+    """PSD sites P_k spanning eight decades (as modules on nearly constant data with lengthscales
+    10⁸ times their inputs' spread give) and an ill-conditioned K_**: P_w is formed as a Gram
+    matrix, so I + P_w keeps λ_min ≥ 1 up to rounding. Formed as L⁻¹(K_*·PK_·*)L⁻ᵀ the same
+    matrix comes out indefinite (λ_min ≈ −14 here), and a bounded meta-GP looked unbounded."""
+    from pyrogp_models.gaussian.expectations import site_quadratic
+
+    generator = torch.Generator().manual_seed(0)
+    count, size, num_inducing = 300, 3, 35
+    inputs = (torch.arange(count, dtype=torch.float64)[:, None]
+              + torch.rand(count, size, generator=generator, dtype=torch.float64).sort(-1).values
+              ) / count
+    global_inducing = torch.linspace(0, 1, num_inducing, dtype=torch.float64)[:, None]
+    lengthscale = torch.tensor([0.3], dtype=torch.float64)
+    variance = torch.tensor(1.0, dtype=torch.float64)
+    prior = stationary_covariance("rbf", global_inducing, global_inducing, lengthscale, variance)
+    prior_chol = torch.linalg.cholesky(prior + 1e-6 * torch.eye(num_inducing,
+                                                                dtype=torch.float64))
+    cross = stationary_covariance("rbf", inputs.reshape(-1, 1), global_inducing, lengthscale,
+                                  variance)
+    factors = torch.randn(count, size, size, generator=generator, dtype=torch.float64)
+    scales = 10.0 ** (8 * torch.rand(count, 1, 1, generator=generator, dtype=torch.float64))
+    values, vectors = torch.linalg.eigh(factors @ factors.mT * scales)
+    roots = vectors * values.clamp_min(0).sqrt().unsqueeze(-2)
+    signs = torch.ones(count, size, dtype=torch.float64)
+    zero = torch.zeros((), dtype=torch.float64)
+    quadratic = site_quadratic(cross, prior_chol, [roots], [signs],
+                               torch.zeros(count * size, dtype=torch.float64), zero, zero)
+    assert torch.linalg.eigvalsh(quadratic.precision).min() > -1e-5
+    dense = torch.block_diag(*(root @ root.mT for root in roots))
+    expected = torch.linalg.solve_triangular(prior_chol, torch.linalg.solve_triangular(
+        prior_chol, cross.mT @ dense @ cross, upper=False).mT, upper=False)
+    scale = expected.abs().max()
+    torch.testing.assert_close(quadratic.precision / scale, expected / scale, rtol=0,
+                               atol=1e-8)
 
 
 def test_unbounded_error_lives_in_errors_and_carries_its_findings():

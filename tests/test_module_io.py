@@ -1,9 +1,12 @@
 """Module files: bit-exact round trips, and every kind of damage is refused with the file named."""
 
+import io
 import json
 import math
 import os
+import pickle
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,11 +14,16 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.trainer import TrainConfig
+from inference.distributed_kernel_fit import DistributedKernelSpec, fit_distributed_kernel
+from inference.local_fit import LocalFitSpec, fit_local, model_inputs
+from inference.trainer import TrainConfig, train
 from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.errors import ModuleFileError
+from pyrogp_models.models.distributed_kernel.files import save_distributed_kernel
+from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.modules import files as module_files
+from pyrogp_models.modules.routing import load_predictor
+from pyrogp_models.modules.signed import digest
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +61,68 @@ def test_folder_round_trip_is_bit_exact(modules, tmp_path):
     assert (tmp_path / "m" / "part000.safetensors").stat().st_size < 4096
 
 
-def test_loading_never_unpickles(modules, tmp_path):
+def test_module_files_are_not_pickle_streams(modules, tmp_path):
     path = module_files.save_module(modules["part001"], tmp_path / "one")
     assert path.read_bytes()[:8] == struct.pack("<Q", len(path.read_bytes()) - 8 - sum(
         t.numel() * t.element_size() for t in load_tensors(path.read_bytes()).values()))
     assert b"\x80\x04" not in path.read_bytes()[:2]  # not a pickle stream
+
+
+class Unpickled(AssertionError):
+    pass
+
+
+def trap_unpickling(monkeypatch):
+    """Make every way to unpickle (pickle's functions and Unpickler, torch.load) raise."""
+    def refuse(*args, **kwargs):
+        raise Unpickled("something unpickled while loading")
+
+    class RefusingUnpickler:
+        def __init__(self, *args, **kwargs):
+            refuse()
+
+    for name in ("load", "loads"):
+        monkeypatch.setattr(pickle, name, refuse)
+    monkeypatch.setattr(pickle, "Unpickler", RefusingUnpickler)
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(torch.serialization, "load", refuse)
+    # the trap is armed: a torch checkpoint cannot be read
+    with pytest.raises(Unpickled):
+        torch.load(io.BytesIO())
+    with pytest.raises(Unpickled):
+        pickle.Unpickler(io.BytesIO()).load()
+
+
+def test_loading_never_unpickles(modules, tmp_path, monkeypatch):
+    """Module files, module folders, distributed-kernel files and training checkpoints load
+    with every unpickling function trapped."""
+    one = module_files.save_module(modules["part001"], tmp_path / "one")
+    module_files.save_modules(modules, tmp_path / "folder", {"kind": "random",
+                                                             "num_partitions": 3})
+    X = np.linspace(0, 1, 30)[:, None]
+    y = np.sin(6 * X[:, 0])
+    spec = LocalFitSpec(num_inducing=4, collapsed=False)
+    X_model, y_model, _ = model_inputs(X, y, spec)
+
+    def model():
+        return LocalGPs(X_model, y_model, partition_contiguous(X, 2), 4, "gaussian",
+                        collapsed=False)
+
+    checkpoint = tmp_path / "fit.safetensors"
+    config = TrainConfig(steps=3, tol=None, checkpoint=checkpoint)
+    train(model(), config=config)
+    dk = fit_distributed_kernel((X, y), DistributedKernelSpec(2, 3), TrainConfig(steps=1))
+    dk_path = save_distributed_kernel(dk.predictor, tmp_path / "dk.safetensors")
+
+    with monkeypatch.context() as trap:
+        trap_unpickling(trap)
+        assert same_module(module_files.load_module(one), modules["part001"])
+        loaded = module_files.load_modules(tmp_path / "folder")
+        assert all(same_module(loaded[name], modules[name]) for name in modules)
+        assert list(module_files.load_modules_from(tmp_path / "folder")) == list(modules)
+        assert load_predictor(dk_path).num_data == 30
+        resumed = train(model(), config=replace(config, steps=5, resume=True))
+        assert resumed.steps == 5
 
 
 @pytest.mark.parametrize("where", [0.02, 0.3, 0.6, 0.95])
@@ -95,7 +160,7 @@ def tampered(module, edit):
     metadata = json.loads(data[8:8 + size])["__metadata__"]
     tensors = load_tensors(data)
     edit(tensors)
-    metadata["sha256"] = module_files._digest(metadata["pyrogp"], tensors)
+    metadata["sha256"] = digest(metadata["pyrogp"], tensors)
     return save_tensors(tensors, metadata=metadata)
 
 

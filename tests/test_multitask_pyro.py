@@ -3,12 +3,14 @@ both of Pyro's parameter modes and, from the same start and seed (common random 
 the trainer's ELBO; natural gradients where they apply; two models never share parameters;
 ``fit_multitask_dgp`` trains (spec T7) regression and classification models.
 
-T9 and T10 (the toy comparisons against cGP and iDGP: five seeds of 5000 steps per model, about
-ten minutes) run only with ``PYROGP_SLOW=1``; otherwise they are covered by the experiments.
+T9 and T10 (the toy comparisons against cGP and iDGP on the toy experiment's fits: five seeds of
+5000 steps of four models, about half an hour) run only with ``PYROGP_SLOW=1``; T9 does not
+reproduce and is marked as an expected failure (``benchmarks/results/multitask_experiments.md``).
 """
 
 import math
 import os
+import sys
 
 import numpy as np
 import pyro
@@ -16,6 +18,7 @@ import pytest
 import torch
 from pyro.infer import SVI, TraceMeanField_ELBO
 
+from helpers import ROOT
 from inference.multitask_fit import MultitaskFit, MultitaskSpec, fit_multitask_dgp
 from inference.natural_gradient import NaturalGradient
 from inference.trainer import TrainConfig, train
@@ -23,6 +26,8 @@ from multitask_helpers import toy_model
 from pyrogp_models.models.multitask import MODELS, toy_grid, toy_tasks
 
 STEPS, LR = 25, 0.01
+T9_REASON = ("T9 does not reproduce: cGP (ICM, rank 2) fits the toy at least as well as sMDGP "
+             "and mMDGP; see benchmarks/results/multitask_experiments.md")
 # ``param_mode`` (tests/conftest.py) runs a test in both of Pyro's parameter modes.
 
 
@@ -132,46 +137,30 @@ def test_classifiers_fit_and_predict_class_probabilities(likelihood, options):
 
 # T9, T10 (slow) ---------------------------------------------------------------------------------
 SLOW = pytest.mark.skipif(not os.environ.get("PYROGP_SLOW"),
-                          reason="5 seeds × 5000 steps per model; set PYROGP_SLOW=1")
-TOY_STEPS = 5000
+                          reason="5 seeds × 5000 steps of four models; set PYROGP_SLOW=1")
 
 
-def toy_scores(kind: str, seed: int, gap=None):
-    """Test RMSE per task and mean NLPD on the toy grid (and the RMSE of task 2 in the gap)."""
-    fit = fit_multitask_dgp(toy_tasks(50, gap=gap, seed=seed),
-                            MultitaskSpec(model=kind, num_inducing=20, coregional_rank=2),
-                            TrainConfig(lr=0.01, steps=TOY_STEPS, tol=None, seed=seed))
-    X, f = toy_grid(500)
-    rng = np.random.default_rng(seed + 100)
-    rmse, nlpd = [], []
-    for task in range(2):
-        mean, _ = fit.predictor.predict_y(X, np.full(500, task))
-        error = mean.numpy() - f[task]
-        rmse.append(float(np.sqrt((error**2).mean())))
-        y = f[task] + 0.05 * rng.standard_normal(500)
-        nlpd.append(-float(fit.predictor.log_predictive(X, y, np.full(500, task)).mean()))
-        if gap and task == 1:
-            inside = (X[:, 0] > gap[0]) & (X[:, 0] < gap[1])
-            rmse.append(float(np.sqrt((error[inside] ** 2).mean())))
-    return rmse, float(np.mean(nlpd))
+@pytest.fixture(scope="module")
+def toy_comparisons():
+    """T9 and T10 read off the toy experiment's own fits (benchmarks/multitask_experiments.py:
+    the gap (0.4, 0.6) in task 2, M = 20, 5000 Adam steps for the deep models, L-BFGS for cGP,
+    five seeds)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from multitask_experiments import FULL, toy_claims, toy_job
+
+    runs = {kind: [toy_job(kind, seed, FULL) for seed in FULL.toy_seeds]
+            for kind in ("smdgp", "mmdgp", "idgp", "cgp")}
+    return toy_claims(runs)
 
 
 @SLOW
-def test_toy_nonlinear_tasks_favour_the_multitask_dgp_over_icm():
-    wins, deep_f2, icm_f2, deep_all, icm_all = 0, [], [], [], []
-    for seed in range(5):
-        deep, deep_nlpd = toy_scores("mmdgp", seed)
-        icm, icm_nlpd = toy_scores("cgp", seed)
-        deep_f2.append(deep[1]), icm_f2.append(icm[1])
-        deep_all.append(np.mean(deep)), icm_all.append(np.mean(icm))
-        wins += deep_nlpd < icm_nlpd
-    assert np.mean(deep_f2) <= 0.9 * np.mean(icm_f2)
-    assert np.mean(deep_all) <= np.mean(icm_all)
-    assert wins >= 4
+@pytest.mark.xfail(strict=True, reason=T9_REASON)
+def test_toy_nonlinear_tasks_favour_the_multitask_dgp_over_icm(toy_comparisons):
+    t9, _ = toy_comparisons
+    assert t9["met"], t9
 
 
 @SLOW
-def test_toy_transfer_into_a_gap_of_task_two():
-    wins = sum(toy_scores("mmdgp", seed, (0.4, 0.6))[0][2]
-               < toy_scores("idgp", seed, (0.4, 0.6))[0][2] for seed in range(5))
-    assert wins >= 4
+def test_toy_transfer_into_a_gap_of_task_two(toy_comparisons):
+    _, t10 = toy_comparisons
+    assert t10["met"], t10

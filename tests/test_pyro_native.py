@@ -28,6 +28,7 @@ from pyrogp_models.data.partitioners import (
     partition_random,
 )
 from pyrogp_models.models.experts.predictor import ExpertCombination
+from pyrogp_models.models.local.collapsed import collapsed_bound
 from pyrogp_models.modules.routing import RoutedModules
 
 STEPS, LR = 25, 0.01
@@ -205,6 +206,22 @@ def test_one_unit_natural_step_on_a_gaussian_meta_gp_reaches_its_collapsed_optim
     NaturalGradient(meta, 1.0)(lambda: TraceMeanField_ELBO().differentiable_loss(meta.model,
                                                                                 meta.guide))
     assert float(meta.bound()) == pytest.approx(optimum, rel=1e-8)
+
+
+@pytest.mark.filterwarnings("ignore::pyrogp_models.errors.NotConvergedWarning")
+def test_a_natural_gradient_fit_ends_with_the_optimal_q_for_its_final_hyperparameters():
+    """The hooks run once more after the last Adam step: with unit steps on a Gaussian local fit,
+    the returned ELBO is the collapsed bound at the final hyperparameters (a q(u) left from the
+    step before once left a CO2 block hundreds of nats below its neighbours)."""
+    X, y = series()
+    fit = fit_local((X, y, partition_contiguous(X, 3)), LocalFitSpec(num_inducing=5,
+                                                                     collapsed=False),
+                    TrainConfig(lr=0.2, steps=6, natural_gradient_lr=1.0, tol=None))
+    with torch.no_grad():
+        collapsed = [float(collapsed_bound(svgp, svgp.data_X, svgp.data_y, svgp.data_mask).sum())
+                     for svgp in fit.model.svgps]
+        elbo = [float(svgp.elbo().sum()) for svgp in fit.model.svgps]
+    assert elbo == pytest.approx(collapsed, rel=1e-9)
 
 
 # ArviZ for every predictor -------------------------------------------------------------------

@@ -7,10 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import run_failing, run_ok, write_csv
+from helpers import (
+    constant_scores,
+    exact_gp_scores,
+    gaussian_scores,
+    interpolation_rmse,
+    run_failing,
+    run_ok,
+    write_csv,
+)
 from inference import demo
 from inference.cli import main
-from pyrogp_models.data import Standardisation
+from pyrogp_models.data import Standardisation, load_table
 from pyrogp_models.modules.files import load_module, load_modules, save_modules
 from pyrogp_models.modules.record import Module
 
@@ -27,6 +35,35 @@ def data_csv(folder):
 
 
 @pytest.fixture(scope="module")
+def test_csv(folder, data_csv):
+    """Held-out points of the same function, and the baselines' scores on them."""
+    rng = np.random.default_rng(1)
+    x = rng.uniform(0.0, 10.0, 100)
+    path = write_csv(folder / "test.csv", {"x": x, "y": np.sin(x) + 0.1 * rng.normal(size=100)})
+    train, test = load_table(data_csv), load_table(path)
+    baselines = {
+        # scikit-learn's exact GP on all 150 points: rmse 0.104, nlpd -0.846 (the meta-GP
+        # and its pyramid: 0.104, -0.847; with the noise of all modules summed: fails)
+        "exact": exact_gp_scores(train.column("x"), train.column("y"), test.column("x"),
+                                 test.column("y")),
+        "constant": constant_scores(train.column("y"), test.column("y")),  # 0.71, 1.08
+        "interpolation": interpolation_rmse(train.column("x"), train.column("y"),
+                                            test.column("x"), test.column("y")),  # 0.134
+    }
+    return path, baselines
+
+
+def assert_near_the_exact_gp(report, baselines):
+    """A recycled GP predicts like the exact GP on all the data (a wrong recycling formula, a
+    lost module or a units error costs far more than these margins) and far better than the
+    constant predictor and than interpolating the training points."""
+    exact, constant = baselines["exact"], baselines["constant"]
+    assert report["rmse"] < 1.05 * exact["rmse"] and report["nlpd"] < exact["nlpd"] + 0.05
+    assert report["rmse"] < 0.9 * baselines["interpolation"]
+    assert report["rmse"] < 0.2 * constant["rmse"] and report["nlpd"] < constant["nlpd"] - 1.5
+
+
+@pytest.fixture(scope="module")
 def modules_dir(folder, data_csv):
     out = folder / "modules"
     assert main(["fit-local", str(data_csv), "--target", "y", "--partitions", "3",
@@ -34,7 +71,8 @@ def modules_dir(folder, data_csv):
     return out
 
 
-def test_fit_recycle_evaluate_and_recycle_again(capsys, folder, data_csv, modules_dir):
+def test_fit_recycle_evaluate_and_recycle_again(capsys, folder, data_csv, test_csv,
+                                                 modules_dir):
     out = run_ok(capsys, "recycle", modules_dir, "--inducing", 12, "--collapsed", "--steps", 30,
                  "--out", folder / "meta")
     assert "recycled 3 modules (N = 150)" in out and "M = 12" in out
@@ -46,7 +84,19 @@ def test_fit_recycle_evaluate_and_recycle_again(capsys, folder, data_csv, module
 
     report = json.loads(run_ok(capsys, "evaluate", folder / "meta.safetensors", "--data",
                                data_csv, "--json"))
-    assert report["n"] == 150 and report["rmse"] < 0.3 and report["nlpd"] < 0.5
+    assert report["n"] == 150
+    held_out, baselines = test_csv
+    report = json.loads(run_ok(capsys, "evaluate", folder / "meta.safetensors", "--data",
+                               held_out, "--json"))
+    assert_near_the_exact_gp(report, baselines)
+    # the predictive written by predict is the one evaluate scores (mean and variance units)
+    run_ok(capsys, "predict", folder / "meta.safetensors", "--data", held_out,
+           "--out", folder / "meta_predictions.npz")
+    with np.load(folder / "meta_predictions.npz") as written:
+        scores = gaussian_scores(load_table(held_out).column("y"), written["mean"],
+                                 written["var"])
+    assert scores["nlpd"] == pytest.approx(report["nlpd"], rel=1e-9)
+    assert scores["rmse"] == pytest.approx(report["rmse"], rel=1e-9)
 
     out = run_ok(capsys, "recycle", folder / "meta.safetensors", "--inducing", 10, "--steps", 20,
                  "--out", folder / "pyramid.safetensors")
@@ -55,9 +105,9 @@ def test_fit_recycle_evaluate_and_recycle_again(capsys, folder, data_csv, module
     assert pyramid.info["modules"] == ["meta"] and pyramid.info["target"] == "y"
     out = run_ok(capsys, "info", folder / "pyramid.safetensors")
     assert "pyramid" in out and "features: x; target: y" in out
-    report = json.loads(run_ok(capsys, "evaluate", folder / "pyramid.safetensors", "--data",
-                               data_csv, "--json"))
-    assert report["rmse"] < 0.3
+    assert_near_the_exact_gp(json.loads(run_ok(capsys, "evaluate",
+                                               folder / "pyramid.safetensors", "--data",
+                                               held_out, "--json")), baselines)
 
 
 def test_module_files_and_raw_data(capsys, folder, data_csv, modules_dir):
@@ -166,13 +216,28 @@ def test_unbounded_after_repair_does_not_advise_the_repair(capsys, folder, unbou
     assert "repair_sites" not in message
 
 
-def test_demo_runs_end_to_end(tmp_path, capsys):
+def test_demo_runs_end_to_end(tmp_path, capsys, monkeypatch):
+    """The demo's pipeline on a sixth of the sunspot series, sized so that its models learn the
+    solar cycle (the --fast sizes stop after three L-BFGS steps, near the constant predictor):
+    every model must beat the constant predictor and interpolation of the training months."""
+    settings = demo.Settings(num_partitions=6, local_inducing=16, global_inducing=80, steps=15,
+                             temperatures=(10.0,), stride=4)
+    monkeypatch.setattr(demo, "FAST", settings)
     reports = demo.main(fast=True, output=tmp_path)
     out = capsys.readouterr().out
     assert len(reports) == 4
-    assert all(np.isfinite(report["nlpd"]) and report["rmse"] < 1.2 for report in reports.values())
+    X, y = demo.sunspot_series(settings.stride)
+    fit, _, test = demo.split(len(y), demo.SEED)
+    constant = constant_scores(y[fit], y[test])  # rmse 1.14, nlpd 1.56
+    interpolation = interpolation_rmse(X[fit], y[fit], X[test], y[test])  # 0.547
+    for report in reports.values():  # rmse 0.54-0.59, nlpd 0.85-0.91 here
+        assert report["rmse"] < 1.15 * interpolation and report["rmse"] < 0.55 * constant["rmse"]
+        assert report["nlpd"] < constant["nlpd"] - 0.6
+    meta = next(r for name, r in reports.items() if name.startswith("meta-GP"))
+    full = next(r for name, r in reports.items() if name.startswith("full-data SVGP"))
+    assert meta["nlpd"] < full["nlpd"] + 0.1
     assert "best of" in out and "meta-GP" in out
     assert (tmp_path / "pipeline.png").stat().st_size > 10_000
-    assert len(load_modules(tmp_path / "modules")) == demo.FAST.num_partitions
+    assert len(load_modules(tmp_path / "modules")) == settings.num_partitions
     meta = load_module(tmp_path / "meta.safetensors")
-    assert meta.num_inducing == demo.FAST.global_inducing and meta.info["target"]
+    assert meta.num_inducing == settings.global_inducing and meta.info["target"]

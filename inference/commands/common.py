@@ -31,13 +31,15 @@ from pyrogp_models.modules.files import (
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.routing import as_predictor, load_predictor
+from pyrogp_models.modules.signed import FORMAT_NAMES, file_format
 
 
 # Reading modules ------------------------------------------------------------------------------
 def add_predictor_arguments(parser: argparse.ArgumentParser) -> None:
     """The module path, the data file and the optional expert-combination settings."""
     parser.add_argument("modules", metavar="MODULE_OR_DIR", type=Path,
-                        help="a module file or a folder of modules")
+                        help="a module file, a folder of modules, or a distributed-kernel or "
+                             "multitask model file")
     parser.add_argument("--data", required=True, type=Path, help="CSV (with header) or .npz")
     parser.add_argument("--rule", help="combine all modules by this product-of-experts rule "
                                        "instead of routing each point to one module")
@@ -109,6 +111,18 @@ def check_output_folder(folder: Path) -> None:
         return
     raise DataError(f"output {folder} exists and is not a module folder; refusing to overwrite "
                     "it (choose another --out)")
+
+
+def check_output_file(path: Path, expected: str) -> None:
+    """Refuse to write anything but a new file in an existing folder or a file of the format
+    ``expected`` (:data:`~pyrogp_models.modules.signed.FORMAT_NAMES`) to replace."""
+    if not path.parent.is_dir():
+        raise DataError(f"{path}: the output folder {path.parent} does not exist")
+    if path.is_dir():
+        raise DataError(f"{path} is a folder; --out needs a file name")
+    if path.exists() and file_format(path) != expected:
+        raise DataError(f"output {path} exists and is not {FORMAT_NAMES[expected]}; refusing to "
+                        "overwrite it (choose another --out)")
 
 
 def _is_module_folder(folder: Path) -> bool:

@@ -1,4 +1,5 @@
-"""``pyrogp evaluate``: predictive metrics of a module or module folder on labelled data."""
+"""``pyrogp evaluate``: predictive metrics of a module, a module folder or a model file on labelled
+data (per task and overall for a multitask file)."""
 
 from __future__ import annotations
 
@@ -6,26 +7,34 @@ import argparse
 import json
 import math
 
+import numpy as np
 import torch
 
 from inference.commands.common import add_predictor_arguments, predictor_from_args, read_inputs
+from inference.commands.multitask_inputs import multitask_from_args
 from inference.metrics import classification_report, regression_report
 from inference.tables import format_table
 from pyrogp_models.data import load_table, require_finite
 from pyrogp_models.errors import DataError
+from pyrogp_models.models.multitask.files import is_multitask_file
+from pyrogp_models.modules.files import resolve_path
 
 NAME = "evaluate"
-HELP = "score a module or module folder on labelled data (NLPD, RMSE, accuracy, ...)"
+HELP = ("score a module, a module folder or a model file on labelled data (NLPD, RMSE, "
+        "accuracy, ...; per task for a multitask file)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_predictor_arguments(parser)
-    parser.add_argument("--target", help="the observed column (default: the modules' target)")
+    parser.add_argument("--target", help="the observed column (default: the modules' target; "
+                                         "a multitask file's, long form)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_multitask_file(resolve_path(args.modules)):
+        return _evaluate_multitask(args)
     predictor, modules, rule = predictor_from_args(args)
     target = args.target or next(iter(modules.values())).info.get("target")
     if target is None:
@@ -37,15 +46,53 @@ def run(args: argparse.Namespace) -> int:
     with torch.no_grad():
         mean, var = predictor.predict_y(X, labels)
         log_density = predictor.log_predictive(X, y, labels)
-    if predictor.is_classifier:
-        report = classification_report(y, mean, log_density)
-    else:
-        report = regression_report(y, mean, var, log_density)
+    report = _report(predictor.is_classifier, y, mean, var, log_density)
     if args.json:
-        print(json.dumps({key: _json_number(value) for key, value in report.items()}))
+        print(json.dumps(_json_report(report)))
     else:
         print(format_table(["metric", "value"], list(report.items())))
     return 0
+
+
+def _evaluate_multitask(args: argparse.Namespace) -> int:
+    """Metrics of a multitask file per task (the tasks with rows in the data) and over all
+    rows."""
+    predictor, layout = multitask_from_args(args)
+    rows = layout.observations(load_table(args.data), args.target)
+    with torch.no_grad():
+        mean, var = predictor.predict_y(rows.X, rows.task)
+        log_density = predictor.log_predictive(rows.X, rows.y, rows.task)
+    mean, var, log_density = (value.double().numpy() for value in (mean, var, log_density))
+
+    def report(where: np.ndarray) -> dict:
+        return _report(predictor.is_classifier, rows.y[where], mean[where], var[where],
+                       log_density[where])
+
+    tasks = {name: report(rows.task == t) for t, name in enumerate(layout.tasks)
+             if (rows.task == t).any()}
+    overall = report(np.full(len(rows.y), True))
+    if args.json:
+        print(json.dumps({"tasks": {name: _json_report(values) for name, values in tasks.items()},
+                          "overall": _json_report(overall)}))
+        return 0
+    keys = list(overall)
+    print(format_table(["task", *keys], [(name, *(values[key] for key in keys))
+                                          for name, values in {**tasks, "overall": overall}
+                                          .items()]))
+    missing = [name for name in layout.tasks if name not in tasks]
+    if missing:
+        print(f"no rows of task {', '.join(missing)} in {args.data}")
+    return 0
+
+
+def _report(is_classifier: bool, y, mean, var, log_density) -> dict[str, float | int]:
+    if is_classifier:
+        return classification_report(y, mean, log_density)
+    return regression_report(y, mean, var, log_density)
+
+
+def _json_report(report: dict[str, float | int]) -> dict[str, float | int | None]:
+    return {key: _json_number(value) for key, value in report.items()}
 
 
 def _json_number(value: float | int) -> float | int | None:

@@ -13,6 +13,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from inference.commands.common import check_output_file, one_line_warnings
 from inference.commands.fit_local import _feature_names
 from inference.distributed_kernel_fit import (
     DEFAULT_TRAIN_CONFIG,
@@ -21,10 +22,7 @@ from inference.distributed_kernel_fit import (
 )
 from pyrogp_models.data import load_table, split_features_target
 from pyrogp_models.errors import DataError
-from pyrogp_models.models.distributed_kernel.files import (
-    is_distributed_kernel_file,
-    save_distributed_kernel,
-)
+from pyrogp_models.models.distributed_kernel.files import FORMAT, save_distributed_kernel
 from pyrogp_models.models.distributed_kernel.model import VARIATIONAL
 
 NAME = "fit-distkernel"
@@ -52,8 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link", help="bernoulli: logit|probit")
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
     parser.add_argument("--steps", type=int, default=DEFAULT_TRAIN_CONFIG.steps,
-                        help="maximum optimiser steps")
-    parser.add_argument("--lr", type=float, default=0.05, help="Adam learning rate")
+                        help="maximum optimiser steps; the fit stops earlier once converged "
+                             f"(default: {DEFAULT_TRAIN_CONFIG.steps})")
+    parser.add_argument("--lr", type=float, default=DEFAULT_TRAIN_CONFIG.lr,
+                        help=f"Adam learning rate (default: {DEFAULT_TRAIN_CONFIG.lr:g})")
     parser.add_argument("--seed", type=int, default=DEFAULT_TRAIN_CONFIG.seed)
     parser.add_argument("--time-budget", type=float, metavar="S",
                         help="stop after S seconds of optimisation")
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_settings(args)
-    _check_output(args.out)
+    check_output_file(args.out, FORMAT)
     table = load_table(args.data)
     features = _feature_names(table, args.target, args.features, None)
     X, y = split_features_target(table, args.target, features)
@@ -74,10 +74,12 @@ def run(args: argparse.Namespace) -> int:
         info={"features": features, "target": args.target})
     config = replace(DEFAULT_TRAIN_CONFIG, steps=args.steps, lr=args.lr, seed=args.seed,
                      time_budget=args.time_budget)
-    fit = fit_distributed_kernel((X, y), spec, config)
+    with one_line_warnings("raise --steps"):
+        fit = fit_distributed_kernel((X, y), spec, config)
     path = save_distributed_kernel(fit.predictor, args.out)
     print(fit.predictor.describe())
-    print(f"\n{fit.result.steps} steps ({spec.method}) in {fit.result.seconds:.1f} s; "
+    status = "converged" if fit.result.converged else "not converged"
+    print(f"\n{fit.result.steps} steps ({spec.method}), {status}, in {fit.result.seconds:.1f} s; "
           f"written to {path}")
     return 0
 
@@ -90,14 +92,3 @@ def _check_settings(args: argparse.Namespace) -> None:
             raise DataError(f"{flag} must be positive, got {value}")
     if args.link is not None and args.likelihood != "bernoulli":
         raise DataError(f"--link applies to the bernoulli likelihood, not {args.likelihood}")
-
-
-def _check_output(path: Path) -> None:
-    """A new file in an existing folder, or an old distributed-kernel file to replace."""
-    if not path.parent.is_dir():
-        raise DataError(f"{path}: the output folder {path.parent} does not exist")
-    if path.is_dir():
-        raise DataError(f"{path} is a folder; --out needs a file name")
-    if path.exists() and not is_distributed_kernel_file(path):
-        raise DataError(f"output {path} exists and is not a distributed-kernel file; refusing "
-                        "to overwrite it (choose another --out)")

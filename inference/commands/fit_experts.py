@@ -8,7 +8,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from inference.commands.common import check_output_folder, describe_rule, write_module_folder
+from inference.commands.common import (
+    check_output_folder,
+    describe_rule,
+    one_line_warnings,
+    write_module_folder,
+)
 from inference.commands.fit_local import _feature_names
 from inference.experts_fit import DEFAULT_TRAIN_CONFIG, ExpertsSpec, fit_exact_experts
 from inference.tables import format_table
@@ -64,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
         config = replace(config, steps=args.steps)
     spec = ExpertsSpec(kernel=args.kernel, ard=args.ard,
                        info={"features": features, "target": args.target})
-    fit = fit_exact_experts((X, y, partition), spec, config)
+    with one_line_warnings("raise --steps"):
+        fit = fit_exact_experts((X, y, partition), spec, config)
     write_module_folder(fit.modules, args.out, partition.rule)
     rows = [(name, module.num_data, module.elbo) for name, module in fit.modules.items()]
     print(format_table(["expert", "N", "log marginal"], rows))

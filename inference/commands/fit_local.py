@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{UNCOLLAPSED_CONFIG.lr:g})")
     parser.add_argument("--natural-gradient", type=float, metavar="GAMMA",
                         help="size of the natural-gradient step on every q(u) before each Adam "
-                             "step of the uncollapsed bound; 0: Adam moves q(u) too (default: "
+                             "step of the uncollapsed bound (implies --uncollapsed); 0: Adam "
+                             "moves q(u) too (default: "
                              f"{UNCOLLAPSED_CONFIG.natural_gradient_lr:g}, "
                              f"{MINIBATCH_NATURAL_GRADIENT:g} with --batch-size)")
     parser.add_argument("--batch-size", type=int, metavar="B",
@@ -125,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
     spec = LocalFitSpec(
         num_inducing=args.inducing, likelihood=args.likelihood,
         likelihood_options=_likelihood_options(args, y), kernel=args.kernel, ard=args.ard,
-        collapsed=True if args.collapsed else False if args.uncollapsed else None,
+        collapsed=(True if args.collapsed else
+                   False if args.uncollapsed or args.natural_gradient is not None else None),
         batch_size=args.batch_size, dtype=torch.float32 if args.float32 else torch.float64,
         info=info)
     if args.collapsed and args.likelihood != "gaussian":

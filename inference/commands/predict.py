@@ -10,12 +10,15 @@ import numpy as np
 import torch
 
 from inference.commands.common import add_predictor_arguments, predictor_from_args, read_inputs
+from inference.commands.multitask_inputs import multitask_from_args
 from pyrogp_models.data import load_table
 from pyrogp_models.errors import DataError
-from pyrogp_models.modules.files import atomic_write
+from pyrogp_models.models.multitask.files import is_multitask_file
+from pyrogp_models.modules.files import resolve_path
+from pyrogp_models.modules.signed import atomic_write
 
 NAME = "predict"
-HELP = "predict the rows of a data file with a module or a module folder"
+HELP = "predict the rows of a data file with a module, a module folder or a model file"
 
 OUTPUT_SUFFIXES = (".csv", ".npz")
 
@@ -23,27 +26,65 @@ OUTPUT_SUFFIXES = (".csv", ".npz")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_predictor_arguments(parser)
     parser.add_argument("--out", required=True, type=Path, metavar="FILE",
-                        help="output file, .csv or .npz: the features, then mean and var "
-                             "(regression) or prob / prob_0..prob_{C-1} (classification)")
+                        help="output file, .csv or .npz: the features (and a multitask file's "
+                             "task column), then mean and var (regression) or prob / "
+                             "prob_0..prob_{C-1} (classification); a wide-form multitask file "
+                             "gives these per task, e.g. mean_<task>")
 
 
 def run(args: argparse.Namespace) -> int:
     _check_output_path(args.out)
+    if is_multitask_file(resolve_path(args.modules)):
+        columns, outputs = _multitask_predictions(args)
+    else:
+        columns, outputs = _module_predictions(args)
+    clashes = sorted(set(columns) & set(outputs))
+    if clashes:
+        raise DataError(f"feature column(s) {', '.join(clashes)} clash with output column names")
+    columns.update(outputs)
+    atomic_write(args.out, _encode(columns, args.out.suffix.lower()))
+    print(f"wrote {len(next(iter(columns.values())))} predictions to {args.out}")
+    return 0
+
+
+def _module_predictions(args: argparse.Namespace
+                        ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The input columns and the predictions of a module, module folder or distributed-kernel
+    file."""
     predictor, modules, rule = predictor_from_args(args)
     table = load_table(args.data)
     features, X, labels = read_inputs(table, modules, rule)
     with torch.no_grad():
         mean, var = predictor.predict_y(X, labels)
     columns = {name: X[:, j] for j, name in enumerate(features)}
-    outputs = _output_columns(predictor.is_classifier, mean.double().numpy(),
-                              var.double().numpy())
-    clashes = sorted(set(columns) & set(outputs))
-    if clashes:
-        raise DataError(f"feature column(s) {', '.join(clashes)} clash with output column names")
-    columns.update(outputs)
-    atomic_write(args.out, _encode(columns, args.out.suffix.lower()))
-    print(f"wrote {len(X)} predictions to {args.out}")
-    return 0
+    return columns, _output_columns(predictor.is_classifier, mean.double().numpy(),
+                                    var.double().numpy())
+
+
+def _multitask_predictions(args: argparse.Namespace
+                           ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The input columns and the predictions of a multitask file: long form, each row for its
+    own task; wide form, every row for every task (columns ``mean_<task>``, ``var_<task>``,
+    ``prob_<task>``, ...)."""
+    predictor, layout = multitask_from_args(args)
+    table = load_table(args.data)
+    X = layout.inputs(table)
+    columns = {name: X[:, j] for j, name in enumerate(layout.features)}
+    if layout.is_long:
+        tasks = layout.row_tasks(table)
+        columns[layout.task_column] = table.column(layout.task_column)
+    else:
+        tasks = np.repeat(np.arange(len(layout.tasks)), len(X))
+        X = np.tile(X, (len(layout.tasks), 1))
+    with torch.no_grad():
+        mean, var = (value.double().numpy() for value in predictor.predict_y(X, tasks))
+    if layout.is_long:
+        return columns, _output_columns(predictor.is_classifier, mean, var)
+    per_task = zip(layout.tasks, np.split(mean, len(layout.tasks)),
+                   np.split(var, len(layout.tasks)), strict=True)
+    return columns, {f"{key}_{name}": values for name, task_mean, task_var in per_task
+                     for key, values in _output_columns(predictor.is_classifier, task_mean,
+                                                        task_var).items()}
 
 
 def _check_output_path(path: Path) -> None:

@@ -36,7 +36,8 @@ _RULE_KEYS = {
 
 @dataclass(frozen=True, eq=False)
 class Partition:
-    """Which partition (0..K-1) each of N points belongs to, and the rule that put it there."""
+    """Which partition (0..K-1) each of N points belongs to (``assignments`` [N], int), and
+    the rule that put it there (JSON, see the module docstring)."""
 
     assignments: np.ndarray
     rule: dict[str, Any]

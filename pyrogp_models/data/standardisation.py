@@ -14,7 +14,9 @@ from pyrogp_models.errors import DataError
 
 @dataclass(frozen=True, eq=False)
 class Standardisation:
-    """Affine maps of inputs and outputs to zero mean and unit scale, and back."""
+    """Affine maps of inputs and outputs to zero mean and unit scale, and back: x̃ = (x −
+    x_mean)/x_scale with ``x_mean``, ``x_scale`` [D], ỹ = (y − y_mean)/y_scale (scalars; 0 and
+    1 when targets are not standardised)."""
 
     x_mean: np.ndarray
     x_scale: np.ndarray
@@ -42,9 +44,11 @@ class Standardisation:
         return cls(X.mean(axis=0), x_scale, float(y.mean()), y_scale if y_scale > 0 else 1.0)
 
     def transform_x(self, X: ArrayLike) -> ArrayLike:
+        """Inputs [..., D] in model units: (X − x_mean)/x_scale."""
         return (X - _like(self.x_mean, X)) / _like(self.x_scale, X)
 
     def transform_y(self, y: ArrayLike) -> ArrayLike:
+        """Targets [...] in model units: (y − y_mean)/y_scale."""
         return (y - self.y_mean) / self.y_scale
 
     def inverse_y_mean(self, mean: ArrayLike) -> ArrayLike:
@@ -56,6 +60,7 @@ class Standardisation:
         return var * self.y_scale**2
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-able record: ``x_mean`` and ``x_scale`` [D] as lists, ``y_mean``, ``y_scale``."""
         return {
             "x_mean": self.x_mean.tolist(),
             "x_scale": self.x_scale.tolist(),
@@ -65,6 +70,7 @@ class Standardisation:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Standardisation:
+        """The standardisation :meth:`to_dict` wrote."""
         return cls(
             np.asarray(record["x_mean"], dtype=np.float64),
             np.asarray(record["x_scale"], dtype=np.float64),

@@ -180,6 +180,8 @@ def split_features_target(
 
 
 def as_float64_numpy(array: ArrayLike) -> np.ndarray:
+    """``array`` (a tensor is detached and moved to the CPU) as a float64 numpy array of the same
+    shape."""
     if isinstance(array, torch.Tensor):
         array = array.detach().cpu().double().numpy()
     return np.asarray(array, dtype=np.float64)

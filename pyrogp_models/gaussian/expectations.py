@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from pyrogp_models.gaussian.linalg import cholesky_solve, logdet_from_cholesky, triangular_solve
 
@@ -144,88 +143,62 @@ def site_parameters(module_mean: torch.Tensor, module_chol: torch.Tensor,
     return SiteParameters(precision, shift, constant)
 
 
-#: Largest block size M_k multiplied entry by entry (fused multiply-adds over all modules at
-#: once); larger blocks use a batched matrix product.
+#: Largest block size M_k multiplied entry by entry (multiply-adds over all modules at once);
+#: larger blocks use a batched matrix product.
 ELEMENTWISE_BLOCK_LIMIT = 16
 
 
-class _SiteGram(torch.autograd.Function):
-    """[Kᵀ P K | Kᵀ b] [M, M + 1] for K [N, M], a constant symmetric block-diagonal P (blocks P_k
-    stacked per M_k-group) and a constant b [N]. The gradient Ḡ ↦ [P K | b] [Ḡ_P + Ḡ_Pᵀ; ḡ_bᵀ]
-    is one product with the saved [P K | b]."""
-
-    @staticmethod
-    def forward(ctx, cross: torch.Tensor, shift: torch.Tensor, *precisions: torch.Tensor
-                ) -> torch.Tensor:
-        size = cross.shape[-1]
-        stacked = cross.new_empty(cross.shape[0], size + 1)
-        block_diagonal_product(precisions, cross, out=stacked[:, :size])
-        stacked[:, size] = shift
-        ctx.save_for_backward(stacked)
-        ctx.num_constants = 1 + len(precisions)
-        return cross.mT @ stacked
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        (stacked,) = ctx.saved_tensors
-        size = grad.shape[0]
-        gram_grad = grad[:, :size]
-        coefficients = torch.cat([gram_grad + gram_grad.mT, grad[:, size].unsqueeze(0)])
-        return (stacked @ coefficients, *([None] * ctx.num_constants))
-
-
-def block_diagonal_product(precisions: Sequence[torch.Tensor], matrix: torch.Tensor,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
-    """blockdiag(P_1, …, P_K) @ A for A [N, M] with the blocks given per group as
-    [G, M_k, M_k] (N = Σ G M_k, groups in order), written into ``out`` [N, M] if given (it may
-    be a column slice of a wider matrix). Small blocks are applied entry by entry — M_k fused
-    multiply-adds over the whole group, much faster than G tiny matrix products."""
-    out = torch.empty_like(matrix) if out is None else out
-    start = 0
-    for blocks in precisions:
-        count, size = blocks.shape[0], blocks.shape[-1]
-        rows = slice(start, start + count * size)
-        source = matrix[rows].reshape(count, size, -1)
-        target = out[rows].view(count, size, -1)
+def block_diagonal_product(blocks: Sequence[torch.Tensor], matrix: torch.Tensor) -> torch.Tensor:
+    """blockdiag(A_1, …, A_K) @ X for X [N, M] with the blocks given per group as
+    [G, M_k, M_k] (N = Σ G M_k, groups in order); differentiable in X. Small blocks are applied
+    entry by entry — M_k multiply-adds over the whole group, much faster than G tiny matrix
+    products."""
+    parts, start = [], 0
+    for group in blocks:
+        count, size = group.shape[0], group.shape[-1]
+        source = matrix[start:start + count * size].reshape(count, size, -1)
         if size <= ELEMENTWISE_BLOCK_LIMIT:
-            torch.mul(blocks[:, :, 0, None], source[:, None, 0, :], out=target)
+            target = group[:, :, 0, None] * source[:, None, 0, :]
             for i in range(1, size):
-                target.addcmul_(blocks[:, :, i, None], source[:, None, i, :])
+                target = torch.addcmul(target, group[:, :, i, None], source[:, None, i, :])
         else:
-            target.copy_(blocks @ source)
+            target = group @ source
+        parts.append(target.reshape(count * size, -1))
         start += count * size
-    return out
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def site_quadratic(cross: torch.Tensor, prior_chol: torch.Tensor,
-                   precisions: Sequence[torch.Tensor], shift: torch.Tensor,
-                   site_trace: torch.Tensor, site_constant: torch.Tensor
+                   roots: Sequence[torch.Tensor], signs: Sequence[torch.Tensor],
+                   shift: torch.Tensor, site_trace: torch.Tensor, site_constant: torch.Tensor
                    ) -> ContrastiveQuadratic:
     """The quadratic form of the contrastive sum from the site parameters of all modules at once.
 
-    With the N = Σ_k M_k module inducing inputs stacked, K_·* = [K_1*; …; K_K*] [N, M] and
-    P = blockdiag(P_k): P_w = L_**⁻¹ K_*· P K_·* L_**⁻ᵀ = Σ_k B_kP_kB_kᵀ, η_w = L_**⁻¹K_*· b and,
-    as Σ_k tr(P_k B_kᵀB_k) = tr(P_w), c = −½[Σ_k tr(P_k K_kk^{(*)}) − tr(P_w) + Σ_k constant_k].
-    The cost is linear in N: M_k passes over K_·* for the block product, one product of K_·*ᵀ
-    with [P K_·* | b] (and one more in the gradient) and O(M³) algebra.
+    With the N = Σ_k M_k module inducing inputs stacked, K_·* = [K_1*; …; K_K*] [N, M] and the
+    site precisions in factored form P_k = R_k diag(s_k) R_kᵀ (s = ±1, 0):
+    P_w = Σ_k B_kP_kB_kᵀ = Aᵀ diag(s) A with A = blockdiag(R_kᵀ) K_·* L_**⁻ᵀ [N, M], a Gram of A —
+    positive semi-definite in floating point for PSD sites, however ill-conditioned K_** and
+    K_kk^{(k)} are (L_**⁻¹(K_*·PK_·*)L_**⁻ᵀ, the same matrix formed the other way round, loses
+    that to rounding and can make a bounded bound look unbounded). η_w = L_**⁻¹K_*· b and, as
+    Σ_k tr(P_k B_kᵀB_k) = tr(P_w), c = −½[Σ_k tr(P_k K_kk^{(*)}) − tr(P_w) + Σ_k constant_k].
+    The cost is linear in N: M_k passes over K_·* for the block product, one triangular solve
+    with N right-hand sides and one product Aᵀ diag(s) A.
 
     Args:
         cross: K_·* [N, M], modules in group order.
         prior_chol: L_** [M, M].
-        precisions: P_k per M_k-group, [G, M_k, M_k] (constants: no gradient flows to them).
+        roots, signs: R_k [G, M_k, M_k] and s_k [G, M_k] per M_k-group (constants).
         shift: b = (b_1, …, b_K) [N].
         site_trace: Σ_k tr(P_k K_kk^{(*)}) [].
         site_constant: Σ_k (the constants of :class:`SiteParameters`) [].
     """
-    size = cross.shape[-1]
-    products = _SiteGram.apply(cross, shift.detach(), *(p.detach() for p in precisions))
-    half = triangular_solve(prior_chol, products)  # L_**⁻¹ [K_*· P K_·* | K_*· b]
-    precision = triangular_solve(prior_chol, half[:, :size].mT)
-    precision = 0.5 * (precision + precision.mT)
-    whitened_shift = half[:, size]
+    factor = block_diagonal_product([r.detach().mT for r in roots], cross)
+    whitened = triangular_solve(prior_chol, factor.mT)  # Aᵀ [M, N]
+    sign = torch.cat([s.detach().reshape(-1) for s in signs])
+    precision = (whitened * sign) @ whitened.mT
+    whitened_shift = triangular_solve(prior_chol, (cross.mT @ shift.detach()).unsqueeze(-1))
     constant = -0.5 * (site_trace - precision.diagonal().sum() + site_constant)
-    return ContrastiveQuadratic(precision, whitened_shift, constant)
+    return ContrastiveQuadratic(precision, whitened_shift.squeeze(-1), constant)
 
 
 def evaluate_quadratic(quadratic: ContrastiveQuadratic, mean: torch.Tensor, chol: torch.Tensor

@@ -30,6 +30,7 @@ class ExpOfProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+        """G = exp(left @ rightᵀ) [B, N, M] for left [B, N, R] and right [B, M, R]."""
         out = torch.bmm(left, right.mT).exp_()
         ctx.save_for_backward(left, right, out)
         return out
@@ -37,6 +38,7 @@ class ExpOfProduct(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
+        """With ∂E = ∂G ∘ G: the gradients ∂E Q [B, N, R] and ∂Eᵀ P [B, M, R]."""
         left, right, out = ctx.saved_tensors
         grad_exponent = grad * out
         return torch.bmm(grad_exponent, right), torch.bmm(grad_exponent.mT, left)
@@ -48,6 +50,7 @@ class GramOfExpOfProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, left: torch.Tensor, right: torch.Tensor, vector: torch.Tensor):
+        """Ψ₂ = GᵀG [B, M, M] and Ψ₁ = Gᵀv [B, M, 1], G = exp(left @ rightᵀ) [B, N, M]."""
         G = torch.bmm(left, right.mT).exp_()
         ctx.save_for_backward(left, right, vector, G)
         return torch.bmm(G.mT, G), torch.bmm(G.mT, vector)
@@ -55,6 +58,8 @@ class GramOfExpOfProduct(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_gram: torch.Tensor, grad_projected: torch.Tensor):
+        """∂G = G(∂Ψ₂ + ∂Ψ₂ᵀ) + v∂Ψ₁ᵀ, then through G = exp(E) as in :class:`ExpOfProduct`;
+        the gradient of v is G∂Ψ₁ [B, N, 1] when asked for."""
         left, right, vector, G = ctx.saved_tensors
         grad_G = torch.bmm(G, grad_gram + grad_gram.mT).addcmul_(vector, grad_projected.mT)
         grad_vector = torch.bmm(G, grad_projected) if ctx.needs_input_grad[2] else None

@@ -144,20 +144,24 @@ class Stationary(PyroModule):
 
 
 def RBF(input_dim: int, **kwargs) -> Stationary:
-    """Squared-exponential kernel σ² exp(−r²/2)."""
+    """Squared-exponential kernel k(x, x') = σ² exp(−r²/2), r² = Σ_d (x_d − x'_d)²/ℓ_d²: a
+    :class:`Stationary` of family ``"rbf"`` (``kwargs`` as there)."""
     return Stationary("rbf", input_dim, **kwargs)
 
 
 def Matern12(input_dim: int, **kwargs) -> Stationary:
-    """Matérn ν = 1/2 (exponential) kernel."""
+    """Matérn ν = 1/2 (exponential) kernel σ² exp(−r), r as for :func:`RBF`: a
+    :class:`Stationary` of family ``"matern12"``."""
     return Stationary("matern12", input_dim, **kwargs)
 
 
 def Matern32(input_dim: int, **kwargs) -> Stationary:
-    """Matérn ν = 3/2 kernel."""
+    """Matérn ν = 3/2 kernel σ² (1 + √3 r) exp(−√3 r), r as for :func:`RBF`: a
+    :class:`Stationary` of family ``"matern32"``."""
     return Stationary("matern32", input_dim, **kwargs)
 
 
 def Matern52(input_dim: int, **kwargs) -> Stationary:
-    """Matérn ν = 5/2 kernel."""
+    """Matérn ν = 5/2 kernel σ² (1 + √5 r + 5r²/3) exp(−√5 r), r as for :func:`RBF`: a
+    :class:`Stationary` of family ``"matern52"``."""
     return Stationary("matern52", input_dim, **kwargs)

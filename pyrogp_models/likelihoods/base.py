@@ -50,7 +50,14 @@ class Likelihood(PyroModule):
 
     @property
     def num_latent(self) -> int:
+        """Latent functions per observation (1; C for C classes)."""
         return 1
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the expected log-likelihood is a Monte Carlo estimate (False: in closed form
+        or by deterministic quadrature)."""
+        return False
 
     def options(self) -> dict:
         """Structural, non-learned settings (saved in module files)."""
@@ -71,15 +78,24 @@ class Likelihood(PyroModule):
 
     # The probabilistic interface -------------------------------------------------------------
     def expected_log_prob(self, y, mean, var) -> torch.Tensor:
+        """E_{N(f|mean, var)}[log p(y | f)] per point [*batch, N]: the data term of the SVGP
+        ELBO (Hensman et al. 2015, eq. 4), in closed form or by quadrature."""
         raise NotImplementedError
 
     def log_predictive(self, y, mean, var) -> torch.Tensor:
+        """log ∫ p(y | f) N(f | mean, var) df per point [*batch, N]: the predictive log
+        density that NLPD averages."""
         raise NotImplementedError
 
     def predictive_moments(self, mean, var) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and variance of y under q(f) = N(mean, var), each [*batch, N] (for classifiers:
+        the class probabilities and p(1 − p))."""
         raise NotImplementedError
 
     def distribution(self, f: torch.Tensor):
+        """p(y | f) for sampled latent values f [..., N] (or [..., N, L]) as a Pyro
+        distribution with batch shape [..., N]: posterior-predictive draws and pointwise
+        log-likelihoods."""
         raise NotImplementedError
 
 

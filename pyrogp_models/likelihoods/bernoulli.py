@@ -37,6 +37,7 @@ class Bernoulli(Likelihood):
         return torch.special.log_ndtr(signed_f)
 
     def validate_targets(self, y):
+        """Raise :class:`~pyrogp_models.errors.DataError` unless every label is 0 or 1."""
         super().validate_targets(y)
         check_binary(y)
 

@@ -31,7 +31,9 @@ ROBUSTMAX_LEGENDRE_NODES = 10
 
 
 class Categorical(Likelihood):
-    """C-class classification.
+    """C-class classification over C latent functions (latent moments [..., N, C], labels
+    [..., N]): softmax by Monte Carlo, robust-max (Hernández-Lobato et al. 2011) by deterministic
+    quadrature.
 
     Args:
         num_classes: C ≥ 2.
@@ -57,7 +59,13 @@ class Categorical(Likelihood):
 
     @property
     def num_latent(self) -> int:
+        """C, one latent function per class."""
         return self.num_classes
+
+    @property
+    def stochastic(self) -> bool:
+        """The softmax link's expectation is a Monte Carlo estimate."""
+        return self.link == "softmax"
 
     def options(self):
         return {"num_classes": self.num_classes, "link": self.link,

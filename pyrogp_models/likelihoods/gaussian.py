@@ -13,7 +13,9 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 
 class Gaussian(Likelihood):
-    """Homoscedastic Gaussian noise with learned variance σ² (per batch member)."""
+    """Homoscedastic Gaussian noise with learned variance σ² [*batch] (per batch member):
+    E_q[log p(y | f)] = −½ log 2πσ² − ((y − m)² + v)/2σ² and the predictive N(y | m, v + σ²),
+    latent moments [*batch, N]."""
 
     name = "gaussian"
     PARAMETERS = {"variance": (0.1, constraints.positive)}

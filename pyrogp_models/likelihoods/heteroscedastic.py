@@ -17,7 +17,9 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 
 class HeteroscedasticGaussian(Likelihood):
-    """Noise variance e^{g(x)} from a second GP. Variance, not standard deviation, is e^g."""
+    """Noise variance e^{g(x)} from a second GP (chained GP, Saul et al. 2016). Variance, not
+    standard deviation, is e^g. Latent moments [..., N, 2] (f, g); E_q[log p(y | f, g)] =
+    −½ log 2π − ½ m_g − ½ exp(−m_g + v_g/2)((y − m_f)² + v_f), in closed form."""
 
     name = "heteroscedastic"
     standardise_targets = True

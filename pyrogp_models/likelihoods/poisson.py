@@ -11,7 +11,8 @@ from pyrogp_models.likelihoods.base import Likelihood
 
 
 class Poisson(Likelihood):
-    """Counts y ∈ {0, 1, 2, ...}; the variational expectation is closed form."""
+    """Counts y ∈ {0, 1, 2, ...} with rate e^f; the variational expectation
+    y m − e^{m + v/2} − log Γ(y + 1) is closed form (latent moments [*batch, N])."""
 
     name = "poisson"
 

@@ -1,16 +1,16 @@
 """Module files: safetensors for the tensors, JSON for the rest; loading never unpickles.
 
-One module is one ``.safetensors`` file. Its header's ``__metadata__`` holds the JSON record
-(kernel family, likelihood, standardisation, N, ELBO, format version, ...) and a SHA-256 digest of
-the record and of every tensor's bytes, so a flipped byte anywhere is detected. A folder of
-modules has an index, ``modules.json``, naming the module files and the rule that partitioned the
-data (so new points can be routed to the module of their partition), with a SHA-256 digest of
-its own content; it may name only plain file names inside the folder. A folder of module files
-collected from several sites without an index is read as a set of modules (recycling and
-combining need no index; routing does).
+One module is one signed ``.safetensors`` file (:mod:`pyrogp_models.modules.signed`): its
+record holds the kernel family, likelihood, standardisation, N, ELBO, format version, ..., and a
+SHA-256 digest covers the record and every tensor, so a flipped byte anywhere is detected. A
+folder of modules has an index, ``modules.json``, naming the module files and the rule that
+partitioned the data (so new points can be routed to the module of their partition), with a
+SHA-256 digest of its own content; it may name only plain file names inside the folder. A
+folder of module files collected from several sites without an index is read as a set of
+modules (recycling and combining need no index; routing does).
 
-Writes are atomic (temporary file + rename); module files are written before the index, so a crash
-never leaves an index naming a half-written module.
+Writes are atomic (temporary file + rename); module files reach the disk before the index is
+written, so a crash never leaves an index naming a half-written module.
 """
 
 from __future__ import annotations
@@ -18,14 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
-import struct
 from pathlib import Path
 
 import torch
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import Partition
@@ -33,7 +29,9 @@ from pyrogp_models.errors import CholeskyError, ModuleFileError
 from pyrogp_models.kernels import PROFILES
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.modules.record import FORMAT_VERSION, Module
+from pyrogp_models.modules.signed import atomic_write, read_signed, signed_bytes, sync_to_disk
 
+FORMAT = "pyrogp-module"
 INDEX_NAME = "modules.json"
 SUFFIX = ".safetensors"
 _TENSOR_FIELDS = ("lengthscale", "variance", "inducing", "q_mean", "q_chol", "prior_mean")
@@ -41,23 +39,13 @@ _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 # Single modules ---------------------------------------------------------------------------------
-def _digest(record_json: str, tensors: dict[str, torch.Tensor]) -> str:
-    sha = hashlib.sha256(record_json.encode())
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().cpu().contiguous()
-        sha.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}".encode())
-        sha.update(tensor.numpy().tobytes())
-    return sha.hexdigest()
-
-
 def module_to_bytes(module: Module) -> bytes:
     """Serialise a (validated) module to the bytes of a safetensors file."""
     validate_module(module, f"module '{module.info.get('name', '?')}'")
     tensors = {name: getattr(module, name) for name in _TENSOR_FIELDS}
     tensors.update({f"likelihood.{k}": v for k, v in module.likelihood_params.items()})
-    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     record = {
-        "format": "pyrogp-module",
+        "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "kernel_family": module.kernel_family,
         "likelihood_name": module.likelihood_name,
@@ -68,9 +56,7 @@ def module_to_bytes(module: Module) -> bytes:
         "jitter": float(module.jitter),
         "info": module.info,
     }
-    record_json = json.dumps(record, sort_keys=True)
-    metadata = {"pyrogp": record_json, "sha256": _digest(record_json, tensors)}
-    return save_safetensors(tensors, metadata=metadata)
+    return signed_bytes(record, tensors)
 
 
 def save_module(module: Module, path: str | Path) -> Path:
@@ -96,22 +82,8 @@ def module_from_bytes(data: bytes, source: str = "<bytes>") -> Module:
     def fail(reason: str) -> ModuleFileError:
         return ModuleFileError(f"{source}: {reason}")
 
-    try:
-        (header_size,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8:8 + header_size])
-        metadata = header["__metadata__"]
-        tensors = load_safetensors(data)
-        record_json = metadata["pyrogp"]
-        record = json.loads(record_json)
-    except Exception as error:  # noqa: BLE001 — any parse failure means a broken file
-        raise fail(f"not a readable module file ({type(error).__name__})") from None
-    if record.get("format") != "pyrogp-module":
-        raise fail("not a pyrogp module file")
-    if _digest(record_json, tensors) != metadata.get("sha256"):
-        raise fail("checksum mismatch: the file was corrupted or modified")
-    version = record.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise fail(f"format version {version} is newer than this library's {FORMAT_VERSION}")
+    record, tensors = read_signed(data, fail, FORMAT, FORMAT_VERSION)
+    version = record["format_version"]
     try:
         module = Module(
             kernel_family=record["kernel_family"],
@@ -195,7 +167,8 @@ def save_modules(modules: dict[str, Module], folder: str | Path,
     contents = {name: module_to_bytes(module) for name, module in modules.items()}
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in contents.items():
-        atomic_write(folder / record["modules"][name], data)
+        atomic_write(folder / record["modules"][name], data, durable=False)
+    sync_to_disk()  # every module file is on the disk before the index names it
     atomic_write(folder / INDEX_NAME, index)
     return folder
 
@@ -281,16 +254,3 @@ def load_modules_from(path: str | Path) -> dict[str, Module]:
     """A module file (``{stem: module}``) or a module folder, the path as the user typed it
     (:func:`resolve_path`)."""
     return load_modules(path)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write bytes to a temporary sibling and rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -21,7 +21,8 @@ modules.record.Module`). ``labels`` name the partition of each point for modules
 label column (:class:`~pyrogp_models.modules.routing.RoutedModules`); others ignore them.
 
 A subclass provides ``standardisation``, ``info`` (``features`` and ``target`` names when
-known), ``input_dim``, ``dtype``, ``device``, :meth:`likelihood` and :meth:`latent`.
+known), ``input_dim``, ``dtype``, ``device``, :meth:`Predictor.likelihood` and
+:meth:`Predictor.latent`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ from pyrogp_models.likelihoods import Likelihood
 
 
 class Predictor:
-    """Data-units predictions from a latent predictive in model units (module docstring)."""
+    """Data-units predictions from a latent predictive in model units (module docstring):
+    inputs X [N, D] in data units; ``predict_f`` and ``predict_y`` return two [N] (or [N, L])
+    tensors, ``log_predictive`` one [N]."""
 
     standardisation: Standardisation
     info: dict

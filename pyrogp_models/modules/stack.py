@@ -77,23 +77,31 @@ class ModuleGroup:
 
     @cached_property
     def sites(self) -> SiteParameters:
-        """P_k [G, M_k, M_k], b_k [G, M_k] and the constant [G] of single-latent modules.
+        """P_k [G, M_k, M_k], b_k [G, M_k] and the constant [G] of single-latent modules, with
+        P_k = R_k diag(s_k) R_kᵀ from :attr:`site_roots`."""
+        roots, signs = self.site_roots
+        precision = (roots * signs.unsqueeze(-2)) @ roots.mT
+        return site_parameters(*self.first_latent())._replace(
+            precision=0.5 * (precision + precision.mT))
+
+    @cached_property
+    def site_roots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The site precisions in factored form P_k = R_k diag(s_k) R_kᵀ: R_k [G, M_k, M_k] and
+        signs s_k ∈ {1, 0, −1} [G, M_k].
 
         P_k is formed in the prior metric: with T = L_pk⁻¹L_k = U diag(σ) Vᵀ,
-        P_k = L_pk⁻ᵀ U diag(σ⁻² − 1) Uᵀ L_pk⁻¹ (= S_k⁻¹ − K_kk^{(k)−1}), where directions within
-        :data:`SITE_TOLERANCE` of the prior (σ ≤ 1 + tolerance) contribute exactly 0: the
-        difference S_k⁻¹ − K_kk^{(k)−1} leaves them slightly negative by rounding, which an
-        ill-conditioned K_** of the meta-GP amplifies into a spuriously unbounded bound. Only the
-        directions where a module is wider than its prior (under-fitted) stay negative, for the
-        boundedness guard to report."""
-        sites = site_parameters(*self.first_latent())
+        P_k = L_pk⁻ᵀ U diag(σ⁻² − 1) Uᵀ L_pk⁻¹ (= S_k⁻¹ − K_kk^{(k)−1}), so
+        R_k = L_pk⁻ᵀ U diag(|σ⁻² − 1|)^½. Directions within :data:`SITE_TOLERANCE` of the prior
+        (σ ≤ 1 + tolerance) contribute exactly zero or more: the difference S_k⁻¹ − K_kk^{(k)−1}
+        leaves them slightly negative by rounding, which an ill-conditioned K_** of the meta-GP
+        amplifies into a spuriously unbounded bound. Only the directions where a module is wider
+        than its prior (under-fitted) get s = −1, for the boundedness guard to report."""
         _, _, prior_chol, _ = self.first_latent()
         U, singular = _whitened_singular_values(self)
         values = torch.where(singular <= 1.0 + SITE_TOLERANCE,
                              (singular.pow(-2) - 1.0).clamp_min(0.0), singular.pow(-2) - 1.0)
         basis = triangular_solve(prior_chol, U, transpose=True)  # L_pk⁻ᵀ U
-        precision = (basis * values.unsqueeze(-2)) @ basis.mT
-        return sites._replace(precision=0.5 * (precision + precision.mT))
+        return basis * values.abs().sqrt().unsqueeze(-2), values.sign()
 
     @cached_property
     def _whitened(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

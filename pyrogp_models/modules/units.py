@@ -40,6 +40,7 @@ SAME_RTOL = 1e-12
 
 
 def standardises_targets(module: Module) -> bool:
+    """Whether the module's likelihood is location–scale, so its targets were standardised."""
     return LIKELIHOODS[module.likelihood_name].standardise_targets
 
 

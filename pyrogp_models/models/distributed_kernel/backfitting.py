@@ -134,7 +134,8 @@ def solve_meanfield(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor
     """Overwrite the mean-field q(v) with its optimum by block-Jacobi-preconditioned CG.
 
     The optimal means solve the same ridge system as backfitting, H m = Ãy/σ² with
-    H = I + ÃÃᵀ/σ² (they equal the joint optimum, see :mod:`.collapsed`); backfitting is block
+    H = I + ÃÃᵀ/σ² (they equal the joint optimum, see
+    :mod:`pyrogp_models.models.distributed_kernel.collapsed`); backfitting is block
     Gauss–Seidel on it and crawls when neighbouring regions explain the same data (small σ², wide
     halos), so this solver runs conjugate gradients preconditioned by the diagonal blocks B̃_jj
     instead, warm-started from the current ``q_mean``.

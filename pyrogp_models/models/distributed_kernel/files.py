@@ -1,13 +1,13 @@
 """Distributed-kernel files: one fitted :class:`DistributedKernelGP` in one safetensors file.
 
-The style of module files (:mod:`pyrogp_models.modules.files`): the header's ``__metadata__`` holds
-a JSON record (``"format": "pyrogp-distkernel"``, format version, kernel family and ARD,
-likelihood name and options, variational family, region structure, standardisation, N, ELBO,
-features and target) and a SHA-256 digest of the record and every tensor. The tensors are the cut
-values of each active dimension (``cuts.<d>``), Z [J, m, D], the whitened q(v) (``q_mean`` [J, m],
-or [J·m] for the joint q, and ``q_sqrt``) and the hyperparameters (``kernel.*``,
-``likelihood.*``), all in standardised units. Loading checks the digest, every shape and value,
-and never unpickles; any problem raises :class:`ModuleFileError` naming the file.
+A signed file (:mod:`pyrogp_models.modules.signed`) like module files. Its record holds
+``"format": "pyrogp-distkernel"``, the format version, kernel family and ARD, likelihood name and
+options, variational family, region structure, standardisation, N, ELBO, features and target.
+The tensors are the cut values of each active dimension (``cuts.<d>``), Z [J, m, D], the
+whitened q(v) (``q_mean`` [J, m], or [J·m] for the joint q, and ``q_sqrt``) and the
+hyperparameters (``kernel.*``, ``likelihood.*``), all in standardised units. Loading checks the
+digest, every shape and value, and never unpickles; any problem raises :class:`ModuleFileError`
+naming the file.
 
 :class:`DistributedKernelPredictor` is the fitted model as a
 :class:`~pyrogp_models.modules.predictor.Predictor`: it takes and returns data units. The file
@@ -16,16 +16,12 @@ holds no training data (the model's bound data are not written).
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from pyrogp_models.data import Standardisation
 from pyrogp_models.errors import CholeskyError, ModuleFileError
@@ -33,13 +29,11 @@ from pyrogp_models.kernels import RBF
 from pyrogp_models.likelihoods import LIKELIHOODS, Likelihood, make_likelihood
 from pyrogp_models.models.distributed_kernel.model import VARIATIONAL, DistributedKernelGP
 from pyrogp_models.models.distributed_kernel.regions import Regions
-from pyrogp_models.modules.files import _digest, atomic_write
 from pyrogp_models.modules.predictor import Predictor
+from pyrogp_models.modules.signed import atomic_write, file_format, read_signed, signed_bytes
 
 FORMAT = "pyrogp-distkernel"
 FORMAT_VERSION = 1
-#: safetensors refuses headers above 100 MB; anything larger is not one of ours.
-_MAX_HEADER = 100_000_000
 
 
 class DistributedKernelPredictor(Predictor):
@@ -104,9 +98,10 @@ class DistributedKernelPredictor(Predictor):
         ard = " (ARD)" if model.kernel.ard else ""
         lengthscale = ", ".join(f"{v:.4g}" for v in model.kernel.lengthscale.tolist())
         lines.append(f"kernel: rbf{ard}, lengthscale {lengthscale}, "
-                     f"signal variance {float(model.kernel.variance):.4g}")
+                     f"signal variance {float(model.kernel.variance.detach()):.4g}")
         settings = [f"{k}={v}" for k, v in model.likelihood.options().items()]
-        settings += [f"{k}={float(v):.4g}" for k, v in model.likelihood.parameter_values().items()]
+        settings += [f"{k}={float(v.detach()):.4g}"
+                     for k, v in model.likelihood.parameter_values().items()]
         lines.append(f"likelihood: {model.likelihood.name}"
                      + (f" ({', '.join(settings)})" if settings else ""))
         lines.append(f"N = {self.num_data}, ELBO = {self.elbo:.6g}")
@@ -146,7 +141,6 @@ def predictor_to_bytes(predictor: DistributedKernelPredictor) -> bytes:
                     "kernel.variance": model.kernel.variance})
     tensors.update({f"likelihood.{k}": v
                     for k, v in model.likelihood.parameter_values().items()})
-    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     record = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -164,9 +158,7 @@ def predictor_to_bytes(predictor: DistributedKernelPredictor) -> bytes:
         "elbo": predictor.elbo,
         "info": predictor.info,
     }
-    record_json = json.dumps(record, sort_keys=True)
-    metadata = {"pyrogp": record_json, "sha256": _digest(record_json, tensors)}
-    return save_safetensors(tensors, metadata=metadata)
+    return signed_bytes(record, tensors)
 
 
 def save_distributed_kernel(predictor: DistributedKernelPredictor, path: str | Path) -> Path:
@@ -179,18 +171,7 @@ def save_distributed_kernel(predictor: DistributedKernelPredictor, path: str | P
 # Reading ----------------------------------------------------------------------------------------
 def is_distributed_kernel_file(path: str | Path) -> bool:
     """Whether ``path`` is a file whose header names this format (reads the header only)."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    try:
-        with path.open("rb") as handle:
-            (size,) = struct.unpack("<Q", handle.read(8))
-            if size > _MAX_HEADER:
-                return False
-            record = json.loads(json.loads(handle.read(size))["__metadata__"]["pyrogp"])
-        return record.get("format") == FORMAT
-    except Exception:  # noqa: BLE001 — unreadable means "not ours"; the loader explains why
-        return False
+    return file_format(path) == FORMAT
 
 
 def load_distributed_kernel(path: str | Path) -> DistributedKernelPredictor:
@@ -207,22 +188,7 @@ def predictor_from_bytes(data: bytes, source: str = "<bytes>") -> DistributedKer
     def fail(reason: str) -> ModuleFileError:
         return ModuleFileError(f"{source}: {reason}")
 
-    try:
-        (header_size,) = struct.unpack("<Q", data[:8])
-        metadata = json.loads(data[8:8 + header_size])["__metadata__"]
-        tensors = load_safetensors(data)
-        record_json = metadata["pyrogp"]
-        record = json.loads(record_json)
-        digest = _digest(record_json, tensors)
-    except Exception as error:  # noqa: BLE001 — any parse failure means a broken file
-        raise fail(f"not a readable distributed-kernel file ({type(error).__name__})") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise fail("not a pyrogp distributed-kernel file")
-    if digest != metadata.get("sha256"):
-        raise fail("checksum mismatch: the file was corrupted or modified")
-    version = record.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise fail(f"format version {version} is newer than this library's {FORMAT_VERSION}")
+    record, tensors = read_signed(data, fail, FORMAT, FORMAT_VERSION)
     try:
         predictor = _build(record, tensors, fail)
     except (KeyError, TypeError, ValueError, IndexError) as error:

@@ -85,6 +85,8 @@ class LocalKernels(PyroModule):
         return X
 
     def forward(self, X: torch.Tensor, Z: torch.Tensor | None = None) -> torch.Tensor:
+        """k_j(X, Z) = k(X, Z) · w_j((x + z)/2) [J, N, M] for every region j; X [N, D] (or
+        [J, N, D]), Z likewise (default: X)."""
         lower, upper = self.regions.bounds()
         X = self._batch(X)
         Z = X if Z is None else self._batch(Z)

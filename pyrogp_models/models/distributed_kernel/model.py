@@ -115,7 +115,8 @@ def joint_moments(halo: Halo, A: torch.Tensor, prior_diag: torch.Tensor, q_mean:
 
 # the model ------------------------------------------------------------------------------------
 class DistributedKernelGP(PyroModule):
-    """Sum-of-local-GPs sparse GP with m inducing variables per region, its data bound.
+    """Sum-of-local-GPs sparse GP with m inducing variables per region, its data bound; the
+    ELBO of the module docstring (the slides' mean-field bound, or the joint q).
 
     Args:
         regions: the partition (:class:`Regions`), J regions.

@@ -187,6 +187,7 @@ class Regions(PyroModule):
         return inside.to(torch.int8).argmax(-1)
 
     def describe(self) -> str:
+        """One line per region with its faces along the active dimensions."""
         lower, upper = self.full_bounds()
         rows = []
         for j in range(self.num_regions):

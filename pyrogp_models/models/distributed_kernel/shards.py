@@ -163,6 +163,7 @@ class InProcessRunner:
         self.shards = shards
 
     def map(self, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Evaluate the shards one after another in this process, in shard order."""
         return [evaluate_shard(s, p) for s, p in zip(self.shards, payloads, strict=True)]
 
 
@@ -176,6 +177,7 @@ class DaskShardRunner:
         self.futures = client.scatter(shards, broadcast=False)
 
     def map(self, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Evaluate every shard on its worker with its payload; the results in shard order."""
         futures = self.client.map(evaluate_shard, self.futures, payloads, pure=False)
         return self.client.gather(futures)
 

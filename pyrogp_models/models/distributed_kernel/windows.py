@@ -119,8 +119,8 @@ class _LogIntervalMass(torch.autograd.Function):
 def log_interval_mass(lo: torch.Tensor, hi: torch.Tensor, centre: torch.Tensor,
                       scale: torch.Tensor) -> torch.Tensor:
     """log P[z ∈ [lo, hi)] for z ~ N(centre, scale²), elementwise with broadcasting; ``lo`` may be
-    −∞ and ``hi`` +∞. Stable in the far tails (see :func:`_log_interval_mass_value`), with an
-    analytic gradient (:class:`_LogIntervalMass`)."""
+    −∞ and ``hi`` +∞. Stable in the far tails (see ``_log_interval_mass_value``), with an
+    analytic gradient (``_LogIntervalMass``)."""
     scale = torch.as_tensor(scale, dtype=centre.dtype, device=centre.device)
     lo = torch.as_tensor(lo, dtype=centre.dtype, device=centre.device)
     hi = torch.as_tensor(hi, dtype=centre.dtype, device=centre.device)

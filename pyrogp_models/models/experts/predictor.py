@@ -47,8 +47,9 @@ class ExpertCombination(Predictor):
 
     Args:
         modules: the experts by name (any modules: exact GP experts, SVGP experts, multi-class
-            SVGP experts); they must share the likelihood and one standardisation, else
-            :class:`~pyrogp_models.errors.IncompatibleModulesError`. A prebuilt
+            SVGP experts); they must share the likelihood, else
+            :class:`~pyrogp_models.errors.IncompatibleModulesError`, and are converted to one
+            standardisation (:mod:`pyrogp_models.modules.units`). A prebuilt
             :class:`.ModuleExperts` is reused as is (e.g. to compare rules without restacking).
         rule: one of :data:`.rules.RULES` — ``poe``, ``gpoe``, ``bcm``, ``rbcm``, ``grbcm``,
             ``barycenter`` (exact 1-D W2) or ``barycenter-paper`` (eq. 12).

@@ -39,7 +39,8 @@ from pyrogp_models.modules.record import Module
 
 
 class LocalGPs(PyroModule):
-    """One SVGP per partition, grouped by M.
+    """One SVGP per partition, grouped by M: the sum over partitions k of the SVGP ELBO L_k
+    (Hensman et al. 2015, eq. 4), or of Titsias' collapsed bound (2009, eq. 9) for Gaussian data.
 
     Args:
         X, y: standardised inputs [N, D] and targets [N] (tensors of the wanted dtype/device).
@@ -53,7 +54,8 @@ class LocalGPs(PyroModule):
         batch_size: points per partition per evaluation (minibatches; uncollapsed only).
         jitter: relative jitter on K_zz.
         noise: initial Gaussian noise variance (standardised units); default: from each
-            partition's data (:mod:`.initialisation`, like the other hyperparameters).
+            partition's data (:mod:`~pyrogp_models.models.local.initialisation`, like the other
+            hyperparameters).
         generator: random source for the k-means initialisation.
         inducing: initial Z per partition ([M_k, D] each, model units) instead of
             ``inducing_init`` (e.g. drawn once by :func:`initial_inducing` for a fit split over
@@ -100,7 +102,8 @@ class LocalGPs(PyroModule):
 
     def _build_group(self, X, y, mask, Z, kernel, ard, learn_inducing, batch_size, jitter,
                      noise) -> BatchedSVGP:
-        """One group's SVGP, initialised by the rule of :mod:`.initialisation`."""
+        """One group's SVGP, initialised by the rule of
+        :mod:`~pyrogp_models.models.local.initialisation`."""
         count = len(X)
         variance, values = 1.0, {}
         if self.likelihood_name == "gaussian":
@@ -120,6 +123,13 @@ class LocalGPs(PyroModule):
     @property
     def svgps(self) -> list[BatchedSVGP]:
         return list(self.groups)
+
+    @property
+    def noisy_objective(self) -> bool:
+        """Whether the ELBO is estimated (minibatches or Monte Carlo expectations): the trainer
+        then judges convergence against the loss's own noise."""
+        return any(svgp.batch_size is not None or svgp.likelihood.stochastic
+                   for svgp in self.svgps)
 
     @property
     def num_partitions(self) -> int:

@@ -14,7 +14,8 @@ In the Pyro model the whitened v is a latent site with an N(0, I) prior and the 
 ``TraceMeanField_ELBO`` evaluates the KL analytically; the data term enters as a ``pyro.factor``
 computed in closed form (or by deterministic quadrature) from q's parameters, so the objective is
 the exact ELBO with no sampling noise. With ``collapsed=True`` (Gaussian likelihoods) the model's
-only term is Titsias' bound (:mod:`.collapsed`), the guide is empty and q(v) is its optimum.
+only term is Titsias' bound (:mod:`~pyrogp_models.models.local.collapsed`), the guide is empty
+and q(v) is its optimum.
 
 ``model``, ``guide`` and ``predictive_model`` run in Pyro's module context, so ``pyro.infer.SVI``
 trains every parameter and ``pyro.infer.Predictive`` draws v, f and y. An ``offset`` [K, N] added
@@ -40,7 +41,9 @@ from pyrogp_models.models.local import collapsed
 
 class BatchedSVGP(OneLayer, PyroModule):
     """K independent SVGPs sharing M, as one Pyro model/guide pair, with their data bound;
-    ``q_mean`` [K, L, M] and ``q_sqrt`` [K, L, M, M] are the layer's whitened q(v).
+    ``q_mean`` [K, L, M] and ``q_sqrt`` [K, L, M, M] are the layer's whitened q(v). The model
+    maximises Σ_k L_k, each L_k the SVGP ELBO of Hensman et al. (2015, eq. 4), or with
+    ``collapsed=True`` Titsias' (2009, eq. 9) bound.
 
     Args:
         inducing: initial Z [K, M, D].

@@ -36,7 +36,8 @@ solve. :meth:`MetaGP.contrastive_terms` still scores the modules one by one (eq.
 Boundedness: L_E is not a true bound; it is unbounded above when λ_min(Λ_w) ≤ 0 (under-fitted or
 overlapping modules, a global kernel unlike the modules'). The model checks λ_min(Λ_w) before
 training and every ``check_every`` evaluations (on the Λ_w the evaluation computes anyway),
-raising :class:`UnboundedBoundError` (or warning; :mod:`.boundedness`).
+raising :class:`~pyrogp_models.errors.UnboundedBoundError` (or warning;
+:mod:`pyrogp_models.models.meta.boundedness`).
 :func:`pyrogp_models.modules.stack.clip_site_precisions` repairs the modules.
 """
 
@@ -88,7 +89,9 @@ def score_modules(stack: ModuleStack, predictives: list[tuple[torch.Tensor, torc
 
 
 class MetaGP(OneLayer, BoundednessGuard, PyroModule):
-    """A global sparse GP fitted to modules (and optionally to new raw data).
+    """A global sparse GP fitted to modules (and optionally to new raw data): the ensemble bound
+    L_E of Recyclable GPs (eq. 6), or the combined bound with raw data (eq. 19); q(v) [M] with
+    ``q_sqrt`` [M, M], whitened.
 
     Args:
         stack: the cached modules, or None for raw data only (the bound is then the SVGP ELBO).
@@ -197,10 +200,12 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         # K_·* [N, M]; for the RBF one thin product and one exponential
         # (pyrogp_models.kernels.fused_rbf)
         cross = self.kernel.weighted_cross(self._site_inputs, self.inducing)
-        site_trace = sum((group.sites.precision * self.kernel(group.inducing)).sum()
-                         for group in self._groups)  # Σ_k tr(P_k K_kk^{(*)})
-        return site_quadratic(cross, prior_chol, [g.sites.precision for g in self._groups],
-                              self._site_shift, site_trace, self._site_constant)
+        roots, signs = zip(*(group.site_roots for group in self._groups), strict=True)
+        site_trace = sum(  # Σ_k tr(P_k K_kk^{(*)}) = Σ_k Σ_j s_kj r_kjᵀ K_kk^{(*)} r_kj
+            ((root * (self.kernel(group.inducing) @ root)).sum(-2) * sign).sum()
+            for group, root, sign in zip(self._groups, roots, signs, strict=True))
+        return site_quadratic(cross, prior_chol, roots, signs, self._site_shift, site_trace,
+                              self._site_constant)
 
     def contrastive_predictives(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """q_C(u_k) = N(m_C, S_C) per M_k-group (eq. 17, whitened): means [G, M_k] and

@@ -59,7 +59,7 @@ class MultiOutputMetaGP(OneLayer, BoundednessGuard, PyroModule):
         mixing: initial W [K, Q] (K = number of modules, in stack order).
         learn_inducing: optimise the Z_q.
         jitter, on_unbounded, check_every, name: as for
-        :class:`pyrogp_models.models.meta.meta_gp.MetaGP`.
+            :class:`pyrogp_models.models.meta.meta_gp.MetaGP`.
     """
 
     def __init__(self, stack: ModuleStack, inducing: torch.Tensor, family: str,

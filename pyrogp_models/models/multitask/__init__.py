@@ -11,6 +11,7 @@ Gaussian Processes") and their baselines, as batched Pyro models.
 - :mod:`.model`: the ELBO (eq. 9) by the doubly-stochastic estimator, model/guide, state;
 - :mod:`.families`: mMDGP, sMDGP, cMDGP, iDGP, iGP, cGP;
 - :mod:`.prediction`: the Gaussian-mixture predictive and the data-units predictor;
+- :mod:`.files`: the fitted model and its predictor settings in one signed safetensors file;
 - :mod:`.plots`: the Hinton diagram of the ARD weights;
 - :mod:`.toy`: the toy example of the paper's Fig. 1.
 """
@@ -35,6 +36,7 @@ from pyrogp_models.models.multitask.families import (
     SMDGP,
     build_model,
 )
+from pyrogp_models.models.multitask.files import load_multitask, save_multitask
 from pyrogp_models.models.multitask.initialisation import Initialisation
 from pyrogp_models.models.multitask.model import MultitaskGP
 from pyrogp_models.models.multitask.options import MultitaskOptions
@@ -54,7 +56,7 @@ __all__ = [
     "CGP", "CMDGP", "IDGP", "IGP", "MMDGP", "MODELS", "SMDGP", "Components", "Initialisation",
     "MultitaskGP", "MultitaskOptions", "MultitaskPredictor", "TaskBatch", "TaskData",
     "TaskLayout", "TaskStandardisation", "as_task_data", "build_model", "components",
-    "full_batch", "joint_components", "mixture_log_density", "mixture_moments",
-    "plot_ard_weights", "stacked_batch", "stratified_batch", "toy_functions", "toy_grid",
-    "toy_tasks", "weighted_batch",
+    "full_batch", "joint_components", "load_multitask", "mixture_log_density", "mixture_moments",
+    "plot_ard_weights", "save_multitask", "stacked_batch", "stratified_batch", "toy_functions",
+    "toy_grid", "toy_tasks", "weighted_batch",
 ]

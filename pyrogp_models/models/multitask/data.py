@@ -88,6 +88,7 @@ class TaskData:
 
     def to(self, dtype: torch.dtype | None = None,
            device: torch.device | str | None = None) -> TaskData:
+        """The same data with X and y in ``dtype`` and all tensors on ``device``."""
         return TaskData(self.X.to(dtype=dtype, device=device), self.task.to(device=device),
                         self.y.to(dtype=dtype, device=device), self.num_tasks)
 

@@ -173,8 +173,8 @@ MODELS: dict[str, type[MultitaskGP]] = MultitaskGP.registry
 def build_model(kind: str, data, options: MultitaskOptions | None = None,
                 inducing_init: str = "kmeans", generator: torch.Generator | None = None,
                 name: str | None = None) -> MultitaskGP:
-    """A model of ``kind`` initialised from ``data`` (a :class:`TaskData` in model units) and
-    bound to it."""
+    """A model of ``kind`` initialised from ``data`` (a
+    :class:`~pyrogp_models.models.multitask.data.TaskData` in model units) and bound to it."""
     if kind not in MODELS:
         raise ValueError(f"unknown multitask model '{kind}'; choose from {sorted(MODELS)}")
     options = options or MultitaskOptions()

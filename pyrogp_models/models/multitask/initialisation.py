@@ -31,6 +31,8 @@ class Initialisation:
     @classmethod
     def from_data(cls, data: TaskData, num_inducing: int, method: str = "kmeans",
                   generator: torch.Generator | None = None) -> Initialisation:
+        """``num_inducing`` inducing inputs per task by ``method`` and the principal directions
+        [D, D] of all tasks' inputs (for the fixed linear means)."""
         generator = generator or torch.Generator(device=data.X.device).manual_seed(0)
         inducing = task_inducing(data, num_inducing, method, generator)
         centred = data.X - data.X.mean(0)

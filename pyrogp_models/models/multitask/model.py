@@ -10,10 +10,11 @@ every point of a minibatch from the inner marginals, λ = transform(μ + √(σ�
 ε ~ N(0, I) (reparameterised, :mod:`.processes`); for each draw the top layer's marginal
 N(μ_f, σ_f²) at λ (eq. 21) and the likelihood's expectation E[log p(y | f)] — closed form
 (Gaussian), Gauss–Hermite (Bernoulli), Monte Carlo (softmax) or deterministic quadrature
-(robust-max) — averaged over the S draws and scaled per minibatch row (:mod:`.data`); the KL
-terms are analytic and unscaled. Without an inner layer (iGP, cGP) λ = x and the data term is
-exact. All tasks' processes are evaluated as batches over a [T, P] per-task layout: no N×N or
-cross-task matrix and no loop over tasks.
+(robust-max) — averaged over the S draws and scaled per minibatch row
+(:mod:`~pyrogp_models.models.multitask.data`); the KL terms are analytic and unscaled.
+Without an inner layer (iGP, cGP) λ = x and the data term is exact. All tasks' processes are
+evaluated as batches over a [T, P] per-task layout: no N×N or cross-task matrix and no loop over
+tasks.
 
 As a Pyro model, every layer's whitened inducing values v are latent sites with an N(0, I) prior
 and the guide is q(v), so ``TraceMeanField_ELBO`` evaluates the KLs analytically; the data term
@@ -58,7 +59,9 @@ _MIN_VARIANCE = 1e-30
 
 
 class MultitaskGP(PyroModule):
-    """Base of the multitask models; a subclass names its ``kind`` and builds its layers.
+    """Base of the multitask models; a subclass names its ``kind`` and builds its layers. The
+    objective is the ELBO of Boustati et al. (eq. 9), estimated doubly stochastically with
+    ``options.num_samples`` draws of the latent space per row.
 
     Args:
         options: the architecture (resolved here for the subclass, T and D_in).
@@ -114,7 +117,15 @@ class MultitaskGP(PyroModule):
 
     @property
     def is_deep(self) -> bool:
+        """Whether an inner layer feeds the top layer (the DGPs; not iGP and cGP)."""
         return self.latent is not None
+
+    @property
+    def noisy_objective(self) -> bool:
+        """Whether the ELBO is estimated (inner-layer draws, minibatches or Monte Carlo
+        expectations): the trainer then judges convergence against the loss's own noise."""
+        return (self.is_deep or self.options.batch_size is not None
+                or self.likelihood.stochastic)
 
     def variational_sites(self) -> list[tuple[str, SparseGPLayer]]:
         """(site name, layer) of every layer's whitened inducing values, inner layers first."""
@@ -262,6 +273,7 @@ class MultitaskGP(PyroModule):
 
     # Natural gradients ------------------------------------------------------------------------
     def natural_gradient_objectives(self) -> list:
+        """Raises ``ValueError``: no layer of a deep GP is conjugate in its q(u)."""
         raise ValueError(f"natural gradients are not available for deep GPs ({self.kind}): the "
                          "ELBO of a deep GP is not conjugate in any layer's q(u); train with "
                          "natural_gradient_lr=None")

@@ -56,6 +56,7 @@ class TaskGPs(PyroModule):
         return latent_layout(mean), latent_layout(var.expand(*var.shape[:-2], *mean.shape[-2:]))
 
     def kl(self) -> torch.Tensor:
+        """Σ_t KL[q(F̃^t) ‖ p(F̃^t)] over tasks and outputs (a scalar; eq. 9)."""
         return self.layer.kl().sum()
 
     def task_kl(self) -> torch.Tensor:
@@ -104,6 +105,8 @@ class CoregionalisedGP(PyroModule):
         return self._mix(mean, var.expand(*var.shape[:-2], *mean.shape[-2:]), latent)
 
     def kl(self) -> torch.Tensor:
+        """Σ_r KL[q(v_r) ‖ N(0, I)] over the R latent GPs and outputs (a scalar; eq. 9's top-layer
+        term)."""
         return self.layer.kl().sum()
 
     def ard_weights(self) -> torch.Tensor:

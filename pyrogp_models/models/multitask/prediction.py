@@ -237,6 +237,7 @@ class MultitaskPredictor(Predictor):
 
     @classmethod
     def from_state(cls, config: dict, tensors: dict[str, torch.Tensor]) -> MultitaskPredictor:
+        """The predictor :meth:`to_state` described."""
         return cls(MultitaskGP.from_state(config["model"], tensors),
                    TaskStandardisation.from_dict(config["standardisation"]),
                    config["num_samples"], config["seed"], config["info"])

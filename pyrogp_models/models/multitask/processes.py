@@ -81,6 +81,8 @@ class ProcessBlock(PyroModule):
         return self._arrange(mean, X) + self._mean(X), self._arrange(var, X)
 
     def kl(self) -> torch.Tensor:
+        """Σ over processes and outputs of KL[q(v) ‖ N(0, I)] (a scalar; eq. 9's H and G
+        terms)."""
         return self.layer.kl().sum()
 
     def _points(self, X: torch.Tensor) -> torch.Tensor:
@@ -112,6 +114,7 @@ class LatentSpace(PyroModule):
     shared_width: int
 
     def blocks(self) -> list[tuple[str, ProcessBlock]]:
+        """The process blocks that span the latent space, with their names."""
         raise NotImplementedError
 
     @property
@@ -130,6 +133,7 @@ class LatentSpace(PyroModule):
                              for name, block in self.blocks()])
 
     def kl(self) -> torch.Tensor:
+        """Σ of the blocks' KL terms (a scalar)."""
         return sum(block.kl() for _, block in self.blocks())
 
     def transform(self, outputs: torch.Tensor, X: torch.Tensor) -> torch.Tensor:

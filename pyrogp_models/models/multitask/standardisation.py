@@ -49,6 +49,7 @@ class TaskStandardisation(Standardisation):
                         self.transform_task_y(data.y, data.task), data.num_tasks)
 
     def transform_task_y(self, y: torch.Tensor, tasks: torch.Tensor) -> torch.Tensor:
+        """Targets [N] in model units, each by its own task's statistics: (y − μ_t)/s_t."""
         mean, scale = self._per_point(y, tasks)
         return (y - mean) / scale
 
@@ -58,6 +59,7 @@ class TaskStandardisation(Standardisation):
         return mean * scale + shift
 
     def inverse_task_var(self, var: torch.Tensor, tasks: torch.Tensor) -> torch.Tensor:
+        """Variances [..., N] in model units back in data units: var · s_t² of each point's task."""
         return var * self._per_point(var, tasks)[1].square()
 
     def log_task_scale(self, tasks: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -71,11 +73,14 @@ class TaskStandardisation(Standardisation):
         return per_task(self.task_y_mean), per_task(self.task_y_scale)
 
     def to_dict(self) -> dict[str, Any]:
+        """The input record of :class:`Standardisation` plus ``task_y_mean``, ``task_y_scale``
+        [T]."""
         return {**super().to_dict(), "task_y_mean": self.task_y_mean.tolist(),
                 "task_y_scale": self.task_y_scale.tolist()}
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> TaskStandardisation:
+        """The standardisation :meth:`to_dict` wrote."""
         inputs = Standardisation.from_dict(record)
         return cls(inputs.x_mean, inputs.x_scale, 0.0, 1.0,
                    np.asarray(record["task_y_mean"], dtype=np.float64),

@@ -35,6 +35,7 @@ class TaskSelected(TorchDistribution):
         return self.base.support
 
     def expand(self, batch_shape, _instance=None):
+        """The same selection with f broadcast to ``batch_shape`` (Pyro's plates expand)."""
         latent = self.f.shape[len(self.batch_shape):]
         return TaskSelected(self.likelihood, self.f.expand(*batch_shape, *latent), self.tasks)
 

@@ -1,0 +1,99 @@
+"""The jitter ladder of ``gaussian/linalg.py``: relative jitter, a rung per failed batch member
+only, a clear error past the last rung, NaN instead of a host check when deferred; and the
+inverse Cholesky factor against a dense numpy inverse."""
+
+import numpy as np
+import pytest
+import torch
+
+from pyrogp_models.errors import CholeskyError
+from pyrogp_models.gaussian.linalg import (
+    JITTER_LADDER,
+    cholesky,
+    deferred_checks,
+    inverse_cholesky,
+    logdet_from_cholesky,
+)
+
+
+def with_smallest_eigenvalue(relative: float, size: int = 5, scale: float = 1.0, seed: int = 0):
+    """A symmetric matrix whose smallest eigenvalue is ``relative`` × its mean diagonal."""
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(rng.normal(size=(size, size)))
+    eigenvalues = np.concatenate([[0.0], rng.uniform(0.5, 2.0, size - 1)])
+    # the mean diagonal is the mean eigenvalue: λ₀ = r (λ₀ + Σ others) / n
+    eigenvalues[0] = relative * eigenvalues[1:].sum() / (size - relative)
+    matrix = scale * (basis * eigenvalues) @ basis.T
+    return torch.as_tensor((matrix + matrix.T) / 2)
+
+
+def reference_factor(matrix: torch.Tensor, relative_jitter: float) -> np.ndarray:
+    A = matrix.numpy()
+    return np.linalg.cholesky(A + relative_jitter * np.mean(np.diag(A)) * np.eye(len(A)))
+
+
+def test_the_test_matrices_have_the_eigenvalue_asked_for():
+    A = with_smallest_eigenvalue(-3e-5, scale=7.0).numpy()
+    assert np.linalg.eigvalsh(A)[0] / np.mean(np.diag(A)) == pytest.approx(-3e-5, rel=1e-6)
+
+
+def test_a_positive_definite_matrix_gets_the_first_rung_only():
+    A = with_smallest_eigenvalue(0.2)
+    np.testing.assert_allclose(cholesky(A).numpy(), reference_factor(A, JITTER_LADDER[0]),
+                               rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
+def test_each_member_climbs_to_its_own_rung_relative_to_its_scale(scale):
+    """Smallest eigenvalues −0.5, −5, −50 and −500 × 1e-6 of the mean diagonal need rungs
+    1e-6, 1e-5, 1e-4 and 1e-3; a positive definite member stays at the first rung."""
+    needs = {0.1: 1e-6, -0.5e-6: 1e-6, -5e-6: 1e-5, -5e-5: 1e-4, -5e-4: 1e-3}
+    batch = torch.stack([with_smallest_eigenvalue(value, scale=scale, seed=k)
+                         for k, value in enumerate(needs)])
+    assert (torch.linalg.cholesky_ex(batch)[1] > 0).tolist() == [False, True, True, True, True]
+    factor = cholesky(batch.reshape(1, 5, 5, 5)).reshape(5, 5, 5)
+    for k, rung in enumerate(needs.values()):
+        np.testing.assert_allclose(factor[k].numpy(), reference_factor(batch[k], rung),
+                                   rtol=1e-10, atol=1e-12 * np.sqrt(scale))
+
+
+def test_a_higher_starting_jitter_skips_the_lower_rungs():
+    A = with_smallest_eigenvalue(-5e-6)
+    np.testing.assert_allclose(cholesky(A, 1e-4).numpy(), reference_factor(A, 1e-4),
+                               rtol=1e-12)
+
+
+def test_past_the_last_rung_the_error_names_the_matrix():
+    batch = torch.stack([with_smallest_eigenvalue(0.1), with_smallest_eigenvalue(-0.05)])
+    with pytest.raises(CholeskyError, match=r"Cholesky of the inducing covariance failed even "
+                                            r"with relative jitter 0\.001"):
+        cholesky(batch, what="inducing covariance")
+
+
+def test_unchecked_and_deferred_factors_are_nan_where_they_fail():
+    good, bad = with_smallest_eigenvalue(0.1), with_smallest_eigenvalue(-0.05)
+    batch = torch.stack([good, bad])
+    for factor in (cholesky(batch, check=False), _deferred(batch)):
+        np.testing.assert_allclose(factor[0].numpy(), reference_factor(good, 1e-6), rtol=1e-12)
+        assert torch.isnan(factor[1]).all()
+    # without the ladder: a member that the second rung would save is NaN as well
+    assert torch.isnan(cholesky(with_smallest_eigenvalue(-5e-6), check=False)).all()
+    with deferred_checks(), pytest.raises(CholeskyError):
+        cholesky(bad, check=True)  # an explicit check still raises
+
+
+def _deferred(batch):
+    with deferred_checks():
+        return cholesky(batch)
+
+
+def test_inverse_cholesky_is_a_lower_factor_of_the_inverse():
+    A = with_smallest_eigenvalue(0.05, size=6, scale=3.0)
+    factor = inverse_cholesky(A).numpy()
+    np.testing.assert_array_equal(np.triu(factor, 1), 0.0)
+    np.testing.assert_allclose(factor @ factor.T, np.linalg.inv(A.numpy()), rtol=1e-10,
+                               atol=1e-12)
+    np.testing.assert_allclose(logdet_from_cholesky(torch.as_tensor(factor)).item(),
+                               -np.linalg.slogdet(A.numpy())[1], rtol=1e-12)
+    with pytest.raises(CholeskyError, match="precision matrix"):
+        inverse_cholesky(with_smallest_eigenvalue(-0.05))

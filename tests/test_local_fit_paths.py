@@ -1,0 +1,176 @@
+"""Paths of a local fit that the default settings do not take: a loss that turns non-finite,
+minibatches through ``fit_local``, and the guarantee that collapsed fits can always be recycled
+(their sites are the collapsed optimum's, positive semi-definite by construction)."""
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pyro
+import pytest
+import torch
+from pyro.nn import PyroModule, PyroParam
+
+from helpers import run_failing, write_csv
+from inference.local_fit import LocalFitSpec, default_config, fit_local, model_inputs
+from inference.recycling import RecycleSpec, recycle
+from inference.trainer import TrainConfig, train
+from pyrogp_models.data.partitioners import Partition, partition_random
+from pyrogp_models.errors import NotConvergedWarning
+from pyrogp_models.models.local.local_gps import LocalGPs
+from pyrogp_models.modules.stack import ModuleStack
+
+
+# A non-finite loss ------------------------------------------------------------------------------
+class LogBarrier(PyroModule):
+    """ELBO log x − x (maximum at x = 1) from x = 3: Adam's first step has length lr, so at
+    lr 5 it lands on x = −2, where log x is NaN."""
+
+    def __init__(self):
+        super().__init__()
+        self.x = PyroParam(torch.tensor(3.0))
+
+    def model(self):
+        pyro.factor("f", torch.log(self.x) - self.x)
+
+    def guide(self):
+        pass
+
+
+@pytest.mark.filterwarnings("ignore:Encountered NaN")
+def test_a_non_finite_loss_stops_the_fit_naming_its_step():
+    """The trainer's own check (Pyro's argument validation off, as in a sync-free loop)."""
+    with pyro.validation_enabled(False), pytest.raises(
+            FloatingPointError, match=r"^the loss became nan at step 2; try a smaller learning "
+                                      r"rate$"):
+        train(LogBarrier(), config=TrainConfig(lr=5.0, steps=50, window=10, tol=None))
+    # a fit that stays finite is not stopped
+    result = train(LogBarrier(), config=TrainConfig(lr=0.1, steps=30, window=10, tol=None))
+    assert result.steps == 30 and math.isfinite(result.losses[-1])
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="with Pyro's validation on (its default) the NaN factor raises Pyro's "
+                          "'Expected parameter log_factor ... Unit(log_factor: nan)' before the "
+                          "trainer's check can name the step")
+def test_a_non_finite_loss_is_named_with_pyro_validation_on():
+    with pyro.validation_enabled(True), pytest.raises(FloatingPointError,
+                                                      match="the loss became nan at step 2"):
+        train(LogBarrier(), config=TrainConfig(lr=5.0, steps=50, window=10, tol=None))
+
+
+def nan_poisson_fit(capsys, tmp_path, monkeypatch) -> str:
+    from pyrogp_models.likelihoods.poisson import Poisson
+
+    x = np.linspace(0.0, 10.0, 40)
+    data = write_csv(tmp_path / "counts.csv", {"x": x, "count": np.round(3 + 2 * np.sin(x))})
+    monkeypatch.setattr(Poisson, "expected_log_prob",
+                        lambda self, y, mean, var: mean * math.nan)
+    message = run_failing(capsys, "fit-local", data, "--target", "count", "--likelihood",
+                          "poisson", "--partitions", "2", "--inducing", "3", "--steps", "20",
+                          "--natural-gradient", "0", "--out", tmp_path / "out")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["counts.csv"]
+    return message
+
+
+def test_a_non_finite_loss_from_the_command_line_is_one_line_and_writes_nothing(
+        capsys, tmp_path, monkeypatch):
+    nan_poisson_fit(capsys, tmp_path, monkeypatch)
+
+
+@pytest.mark.xfail(strict=True, reason="the command line shows Pyro's validation error "
+                   "(with its trace table) instead of the trainer's 'the loss became nan'")
+def test_a_non_finite_loss_from_the_command_line_names_the_step(capsys, tmp_path, monkeypatch):
+    message = nan_poisson_fit(capsys, tmp_path, monkeypatch)
+    assert "the loss became nan at step 1; try a smaller learning rate" in message
+
+
+# Minibatches through fit_local -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def uneven():
+    """28 and 92 points in two contiguous partitions: minibatch weights differ per partition."""
+    rng = np.random.default_rng(0)
+    x = np.sort(rng.uniform(0, 10, 120))
+    assignments = (x > 2.5).astype(int)
+    partition = Partition(assignments, {"kind": "contiguous", "num_partitions": 2, "dim": 0,
+                                        "boundaries": [2.5]})
+    return x[:, None], np.sin(x) + 0.1 * rng.normal(size=120), partition
+
+
+def test_minibatch_data_terms_are_unbiased_for_unequal_partitions(uneven):
+    """The mean of many minibatch estimates (B = 16 per partition, weight N_k/B) equals the full
+    data term of each partition, padded or not, within 5 standard errors."""
+    X, y, partition = uneven
+    spec = LocalFitSpec(num_inducing=5, batch_size=16)
+    X_model, y_model, _ = model_inputs(X, y, spec)
+    model = LocalGPs(X_model, y_model, partition, 5, "gaussian", batch_size=16)
+    (group,) = model.svgps
+    with torch.no_grad():
+        full = group.expected_log_lik(group.data_X, group.data_y, group.data_mask.to(X_model.dtype))
+        torch.manual_seed(0)
+        draws = torch.stack([group.data_term() for _ in range(1000)])
+    error = draws.std(0) / math.sqrt(len(draws))
+    assert torch.all((draws.mean(0) - full).abs() < 5 * error), (draws.mean(0), full, error)
+    assert torch.all(draws.std(0) > 0.01 * full.abs())  # they are minibatches
+
+
+def test_a_minibatch_fit_through_fit_local(uneven):
+    X, y, partition = uneven
+    spec = LocalFitSpec(num_inducing=6, batch_size=16)
+    with pytest.warns(NotConvergedWarning):
+        fit = fit_local((X, y, partition), spec, replace(default_config(spec), steps=100))
+    assert fit.result.steps == 100 and all(g.batch_size == 16 for g in fit.model.svgps)
+    # the modules record the full-data ELBO, not a minibatch estimate
+    (group,) = fit.model.svgps
+    with torch.no_grad():
+        full = (group.expected_log_lik(group.data_X, group.data_y, group.data_mask.double())
+                - group.kl()).numpy().ravel()
+    np.testing.assert_allclose([m.elbo for m in fit.modules.values()], full, rtol=1e-9)
+    assert [m.num_data for m in fit.modules.values()] == [28, 92]
+    grid = np.linspace(0.2, 9.8, 100)[:, None]
+    mean = fit.predictor.predict_y(grid)[0].numpy()
+    rmse = np.sqrt(np.mean((mean - np.sin(grid[:, 0])) ** 2))
+    assert rmse < 0.1  # the constant predictor: 0.7; the converged full-batch fit: 0.03
+
+
+# Collapsed fits are always recyclable -----------------------------------------------------------
+def rbf(A, B, lengthscale, variance):
+    distance = ((A[:, None, :] - B[None, :, :]) / lengthscale) ** 2
+    return variance * np.exp(-0.5 * distance.sum(-1))
+
+
+@pytest.mark.parametrize("steps", [1, 3, None], ids=["1 step", "3 steps", "converged"])
+def test_collapsed_fits_are_always_recyclable(steps):
+    """Whatever the hyperparameters (after 1, 3 or all L-BFGS steps, overlapping random
+    partitions), a collapsed fit exports the collapsed optimum q(u): its site precision
+    S⁻¹ − K⁻¹ is K⁻¹ K_zx K_xz K⁻¹ / σ² (recomputed here in numpy), positive semi-definite,
+    so the ensemble bound of the modules is bounded and recycling never needs a repair."""
+    rng = np.random.default_rng(3)
+    X = rng.uniform(0, 6, (150, 2))
+    y = np.sin(X[:, 0]) * np.cos(X[:, 1]) + 0.05 * rng.normal(size=150)
+    partition = partition_random(150, 3, seed=1)
+    spec = LocalFitSpec(num_inducing=7, ard=True)
+    config = default_config(spec) if steps is None else replace(default_config(spec),
+                                                                steps=steps, tol=None)
+    fit = fit_local((X, y, partition), spec, config)
+    for k, module in enumerate(fit.modules.values()):
+        s = module.standardisation
+        X_k = (X[partition.assignments == k] - s.x_mean) / s.x_scale
+        Z = module.inducing[0].numpy() if module.inducing.dim() == 3 else module.inducing.numpy()
+        lengthscale = module.lengthscale[0].numpy()
+        variance = float(module.variance[0])
+        K = module.prior_cholesky()[0].numpy()
+        K = K @ K.T  # with the module's jitter
+        S_chol = module.q_chol[0].numpy()
+        noise = float(module.likelihood_params["variance"])
+        K_zx = rbf(Z, X_k, lengthscale, variance)
+        K_inv = np.linalg.inv(K)
+        expected = K_inv @ K_zx @ K_zx.T @ K_inv / noise
+        site = np.linalg.inv(S_chol @ S_chol.T) - K_inv
+        np.testing.assert_allclose(site, expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
+        assert np.linalg.eigvalsh(expected).min() > -1e-9 * np.abs(expected).max()
+    assert ModuleStack.from_modules(fit.modules).indefinite_sites() == []
+    meta = recycle(fit.modules, RecycleSpec(num_inducing=10, collapsed=True),
+                   TrainConfig(optimizer="lbfgs", lr=1.0, steps=3, tol=None))
+    assert meta.model.min_precision_eigenvalue() >= 1.0 - 1e-9  # Λ_w = I + PSD sites
+    assert meta.module.info["recycle"]["site_repairs"] == {}

@@ -1,0 +1,159 @@
+"""Smoke tests of the multitask benchmarks: ``benchmarks/multitask_dgp.py --quick`` and
+``benchmarks/multitask_experiments.py --quick`` run and write the expected JSON (no wall-clock
+asserts: the budget below is only a timeout); the simulated arm of the inverse-dynamics
+experiment obeys the manipulator equation."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import ROOT, run_quick_benchmark
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from multitask_experiments import GRAVITY, arm_torques  # noqa: E402
+
+TIMEOUT_SECONDS = 1200.0
+MODELS = {"smdgp", "mmdgp", "cmdgp", "idgp", "igp", "cgp"}
+
+
+def test_multitask_dgp_benchmark_quick(tmp_path):
+    pytest.importorskip("gpytorch")
+    out = tmp_path / "multitask_dgp_quick.json"
+    stdout = run_quick_benchmark("multitask_dgp.py", out, TIMEOUT_SECONDS)
+    assert f"JSON written to {out}" in stdout
+
+    payload = json.loads(out.read_text())
+    assert (payload["benchmark"], payload["mode"]) == ("multitask_dgp", "quick")
+    for key in ("cpu_count", "torch", "torch_threads", "date_utc", "gpytorch"):
+        assert payload["machine"][key] is not None, key
+    assert payload["problem"]["dtype"] == "float64"
+    settings = payload["settings"]
+
+    assert {row["model"] for row in payload["elbo"]} == MODELS
+    for row in payload["elbo"]:
+        assert row["ms"] > 0 and len(row["ms_all"]) == settings["rounds"]
+        assert row["paper_ms"] > 0 and row["parameters"] > 0
+    # a shared process stacks the M inducing inputs of every task
+    smdgp = next(row for row in payload["elbo"] if row["model"] == "smdgp")
+    assert smdgp["inducing_per_layer"] == [settings["num_inducing"] * settings["num_tasks"],
+                                           settings["num_inducing"]]
+
+    steps = {row["contender"]: row for row in payload["per_step_vs_gpytorch"]}
+    assert set(steps) == {"ours (B rows, stacked)", "ours (B rows, stratified)",
+                          "ours (isotopic batch, B·T pairs)", "GPyTorch DeepGP"}
+    for row in steps.values():
+        assert row["ms_per_step"] > 0 and len(row["ms_per_step_all"]) == settings["rounds"]
+        assert row["gpytorch_over_this_min"] <= row["gpytorch_over_this"] \
+            <= row["gpytorch_over_this_max"]
+    assert steps["GPyTorch DeepGP"]["gpytorch_over_this"] == pytest.approx(1.0)
+
+    tasks = payload["tasks"]
+    assert [row["T"] for row in tasks["rows"]] == settings["task_counts"]
+    for row in tasks["rows"]:
+        assert row["smdgp_ms"] > 0 and row["idgp_ms"] > 0
+        assert row["shared_inducing"] == settings["num_inducing"] * row["T"]
+    for fit in tasks["fits"].values():
+        assert set(fit) == {"ms_per_task", "intercept_ms", "loglog_exponent", "linear_fit_r2"}
+
+    assert set(payload["targets"]) == {
+        "per_step_2x_gpytorch", "per_step_2x_gpytorch_stratified", "per_step_2x_gpytorch_isotopic",
+        "smdgp_linear_in_tasks", "idgp_linear_in_tasks"}
+    for target in payload["targets"].values():
+        assert isinstance(target["met"], bool) and isinstance(target["value"], float)
+
+
+def test_multitask_experiments_quick(tmp_path):
+    out = tmp_path / "multitask_experiments_quick.json"
+    stdout = run_quick_benchmark("multitask_experiments.py", out, TIMEOUT_SECONDS)
+    assert f"JSON written to {out}" in stdout
+    payload = json.loads(out.read_text())
+    assert (payload["benchmark"], payload["mode"]) == ("multitask_experiments", "quick")
+    settings = payload["settings"]
+
+    toy = payload["toy"]
+    assert set(toy["runs"]) == MODELS | {"cgp1"}
+    for runs in toy["runs"].values():
+        assert len(runs) == len(settings["toy_seeds"])
+        assert set(runs[0]["scores"]) == {"task 1 all", "task 2 out of gap", "task 2 in gap",
+                                          "task 2 all"}
+    assert np.asarray(toy["runs"]["mmdgp"][0]["ard"]).shape == (2, 2)
+    assert set(toy["t9"]) >= {"smdgp", "mmdgp", "cgp_f2_rmse", "met"}
+    assert set(toy["t10"]) == {"mmdgp_gap_rmse", "idgp_gap_rmse", "wins", "seeds", "met"}
+
+    for run in (run for runs in payload["digits"]["runs"].values() for run in runs):
+        assert set(run["accuracy"]) == {"clean", "random background", "image background", "all"}
+        assert all(0.0 <= value <= 1.0 for value in run["accuracy"].values())
+    arm = payload["arm"]["runs"]
+    assert set(arm) == MODELS
+    for by_size in arm.values():
+        assert [int(n) for n in by_size] == settings["arm_sizes"]
+        for run in (run for runs in by_size.values() for run in runs):
+            assert run["rmse"] > 0 and np.isfinite(run["nlpd"]) and len(run["rmse_per_task"]) == 3
+    assert set(payload["faims"]["runs"]) == MODELS | {"irf"}
+    for run in (run for runs in payload["faims"]["runs"].values() for run in runs):
+        assert set(run["roc_auc"]) == {"task 1", "task 2", "task 3", "all"}
+
+    assert len(payload["claims"]) >= 8
+    for claim in payload["claims"]:
+        assert set(claim) == {"claim", "evidence", "reproduced"}
+        assert isinstance(claim["reproduced"], bool)
+    for name in ("toy", "digits", "arm", "faims", "ard"):
+        assert (tmp_path / f"mt_{name}_quick.png").stat().st_size > 0
+    assert "## 5. The paper's claims" in (tmp_path / "multitask_experiments_quick.md").read_text()
+
+
+# The simulated arm ------------------------------------------------------------------------------
+LENGTHS, MASSES = np.array([0.5, 0.4, 0.3]), np.array([3.0, 2.0, 1.0])
+
+
+def jacobian_mass_matrix(q: np.ndarray) -> np.ndarray:
+    """M(q) = Σ_i m_i J_iᵀJ_i + I_i j_iᵀj_i from the centre-of-mass Jacobians of uniform rods
+    (derived independently of the recursive Newton–Euler code)."""
+    theta = np.cumsum(q)
+    normal = np.stack([-np.sin(theta), np.cos(theta)], -1)
+    mass = np.zeros((3, 3))
+    for i in range(3):
+        jacobian = np.zeros((2, 3))
+        for k in range(i + 1):
+            jacobian[:, k] = LENGTHS[k:i] @ normal[k:i] + LENGTHS[i] / 2 * normal[i]
+        rotation = (np.arange(3) <= i).astype(float)
+        mass += MASSES[i] * jacobian.T @ jacobian + MASSES[i] * LENGTHS[i] ** 2 / 12 * np.outer(
+            rotation, rotation)
+    return mass
+
+
+def potential_energy(q: np.ndarray) -> float:
+    heights = np.cumsum(np.concatenate([[0.0], LENGTHS[:-1] * np.sin(np.cumsum(q))[:-1]]))
+    return float(GRAVITY * MASSES @ (heights + LENGTHS / 2 * np.sin(np.cumsum(q))))
+
+
+def rne_mass_matrix(q: np.ndarray) -> np.ndarray:
+    eye = np.eye(3)
+    return arm_torques(np.tile(q, (3, 1)), np.zeros((3, 3)), eye, gravity=0.0,
+                       friction=False).T
+
+
+def test_the_simulated_arm_obeys_the_manipulator_equation():
+    rng = np.random.default_rng(0)
+    for q in rng.uniform(-np.pi, np.pi, (5, 3)):
+        mass = rne_mass_matrix(q)
+        np.testing.assert_allclose(mass, jacobian_mass_matrix(q), atol=1e-12)
+        assert np.linalg.eigvalsh(mass).min() > 0
+        # gravity torques are the gradient of the potential energy
+        gravity = arm_torques(q[None], np.zeros((1, 3)), np.zeros((1, 3)), friction=False)[0]
+        step = 1e-6
+        gradient = [(potential_energy(q + step * e) - potential_energy(q - step * e)) / (2 * step)
+                    for e in np.eye(3)]
+        np.testing.assert_allclose(gravity, gradient, atol=1e-6)
+        # velocity terms: q̇ᵀC(q, q̇)q̇ = ½ q̇ᵀṀq̇ (Ṁ − 2C is skew-symmetric)
+        dq = rng.standard_normal(3)
+        coriolis = arm_torques(q[None], dq[None], np.zeros((1, 3)), gravity=0.0,
+                               friction=False)[0]
+        mass_rate = (rne_mass_matrix(q + step * dq) - rne_mass_matrix(q - step * dq)) / (2 * step)
+        assert dq @ coriolis == pytest.approx(0.5 * dq @ mass_rate @ dq, abs=1e-6)
+        # viscous friction adds Bq̇
+        friction = arm_torques(q[None], dq[None], np.zeros((1, 3)))[0] - coriolis - gravity
+        np.testing.assert_allclose(friction, np.array([0.4, 0.3, 0.2]) * dq, atol=1e-12)

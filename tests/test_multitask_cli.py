@@ -1,0 +1,336 @@
+"""``pyrogp fit-multitask`` and multitask files: exact round trips, the command line end to end on
+heterotopic two-task data (long and wide form) against per-task constant predictors, one-line
+errors for bad input, and damaged or mislabelled files."""
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import resigned, run_failing, run_ok, write_csv
+from inference.cli import main
+from inference.multitask_fit import MultitaskSpec, fit_multitask_dgp
+from inference.trainer import TrainConfig
+from pyrogp_models.data import load_table
+from pyrogp_models.errors import ModuleFileError
+from pyrogp_models.models.multitask import toy_tasks
+from pyrogp_models.models.multitask.files import (
+    file_format,
+    load_multitask,
+    save_multitask,
+)
+from pyrogp_models.modules.files import load_module
+
+FIT = ["--inducing", "8", "--steps", "200"]
+
+
+def two_tasks(num_points: int, seed: int) -> dict[str, np.ndarray]:
+    """Heterotopic long-form data: every row one task's label at its own input; task 1 is a
+    scaled and shifted copy of task 0 (shared structure, different scales)."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 1, num_points)
+    task = rng.integers(0, 2, num_points).astype(float)
+    f = np.sin(6 * x)
+    y = np.where(task == 0, f, 3 * f + 10) + 0.1 * rng.normal(size=num_points)
+    return {"x": x, "task": task, "y": y}
+
+
+def wide(long: dict[str, np.ndarray], names=("a", "b")) -> dict[str, np.ndarray]:
+    """The same rows in wide form: one target column per task, NaN where not observed."""
+    return {"x": long["x"], **{name: np.where(long["task"] == t, long["y"], np.nan)
+                               for t, name in enumerate(names)}}
+
+
+@pytest.fixture(scope="module")
+def long_csv(folder):
+    return write_csv(folder / "train.csv", two_tasks(160, seed=0))
+
+
+@pytest.fixture(scope="module")
+def held_out_csv(folder):
+    return write_csv(folder / "test.csv", two_tasks(200, seed=1))
+
+
+@pytest.fixture(scope="module")
+def fitted(folder, long_csv):
+    out = folder / "smdgp.safetensors"
+    assert main(["--threads", "1", "fit-multitask", str(long_csv), "--task-column", "task",
+                 "--target", "y", "--model", "smdgp", *FIT, "--out", str(out)]) == 0
+    return out
+
+
+# Round trip ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["smdgp", "mmdgp", "cmdgp", "igp"])
+def test_a_saved_file_predicts_exactly_as_the_fitted_model(tmp_path, kind):
+    fit = fit_multitask_dgp(toy_tasks(20), MultitaskSpec(model=kind, num_inducing=5,
+                                                         predictive_samples=30),
+                            TrainConfig(steps=10, tol=None))
+    fit.predictor.info = {"tasks": ["first", "second"], "features": ["x"]}
+    loaded = load_multitask(save_multitask(fit.predictor, tmp_path / "m.safetensors"))
+    X, tasks = np.random.default_rng(0).uniform(size=(9, 1)), [0, 1, 1, 0, 1, 0, 0, 1, 1]
+    y = np.random.default_rng(1).normal(size=9)
+    assert loaded.dtype == torch.float64 and type(loaded.model) is type(fit.model)
+    for before, after in zip(fit.predictor.predict_y(X, tasks), loaded.predict_y(X, tasks),
+                             strict=True):
+        assert torch.equal(before, after)
+    assert torch.equal(fit.predictor.log_predictive(X, y, tasks),
+                       loaded.log_predictive(X, y, tasks))
+    assert loaded.info == fit.predictor.info and loaded.num_samples == 30
+    assert torch.equal(loaded.model.ard_weights(), fit.model.ard_weights())
+
+
+# The command line end to end ------------------------------------------------------------------
+def constant_scores(train: dict, test: dict, task: int) -> tuple[float, float]:
+    """RMSE and NLPD on the test rows of ``task`` of N(mean, variance) of its training rows."""
+    y_train = train["y"][train["task"] == task]
+    y_test = test["y"][test["task"] == task]
+    mean, var = y_train.mean(), y_train.var()
+    rmse = float(np.sqrt(np.mean((y_test - mean) ** 2)))
+    nlpd = float(np.mean(0.5 * np.log(2 * math.pi * var) + (y_test - mean) ** 2 / (2 * var)))
+    return rmse, nlpd
+
+
+def test_fit_info_predict_evaluate_beat_a_constant_per_task(capsys, folder, fitted, long_csv,
+                                                            held_out_csv):
+    assert file_format(fitted) == "pyrogp-multitask"
+    info = run_ok(capsys, "info", fitted)
+    assert "multitask model: smdgp (shared multitask DGP" in info
+    assert "ARD weights" in info and "task column 'task', target 'y'" in info
+    train, test = load_table(long_csv), load_table(held_out_csv)
+    counts = [int((train.column("task") == t).sum()) for t in range(2)]
+    assert re.search(rf"^0\s+{counts[0]}\s", info, re.M) and re.search(rf"^1\s+{counts[1]}\s",
+                                                                       info, re.M)
+
+    run_ok(capsys, "predict", fitted, "--data", held_out_csv, "--out", folder / "pred.csv")
+    predictions = load_table(folder / "pred.csv")
+    assert predictions.columns == ["x", "task", "mean", "var"]
+    predictor = load_multitask(fitted)
+    mean, var = predictor.predict_y(test.select(["x"]), test.column("task"))
+    np.testing.assert_array_equal(predictions.column("mean"), mean.numpy())
+    np.testing.assert_array_equal(predictions.column("var"), var.numpy())
+
+    report = json.loads(run_ok(capsys, "evaluate", fitted, "--data", held_out_csv, "--json"))
+    assert set(report) == {"tasks", "overall"} and set(report["tasks"]) == {"0", "1"}
+    train_columns = {name: train.column(name) for name in train.columns}
+    test_columns = {name: test.column(name) for name in test.columns}
+    for t, name in enumerate(["0", "1"]):
+        assert {"nlpd", "rmse"} <= set(report["tasks"][name])
+        rmse, nlpd = constant_scores(train_columns, test_columns, t)
+        assert report["tasks"][name]["rmse"] < 0.5 * rmse
+        assert report["tasks"][name]["nlpd"] < nlpd - 1.0
+    assert report["overall"]["n"] == test.num_rows
+    table = run_ok(capsys, "evaluate", fitted, "--data", held_out_csv)
+    assert re.search(r"^overall\s", table, re.M) and "nlpd" in table
+
+
+def test_wide_form_classification_beats_the_majority_class(capsys, folder):
+    def labels(seed):
+        data = two_tasks(200, seed)
+        classes = (np.sin(6 * data["x"]) > 0).astype(float)
+        flipped = np.where(data["task"] == 1, 1 - classes, classes)   # task b: the opposite
+        return wide({**data, "y": flipped})
+
+    train, test = labels(0), labels(1)
+    train_csv = write_csv(folder / "labels_train.csv", train)
+    held_out_csv = write_csv(folder / "labels_test.csv", test)
+    out = folder / "labels.safetensors"
+    printed = run_ok(capsys, "--threads", "1", "fit-multitask", train_csv, "--target", "a", "b",
+                     "--model", "igp", "--likelihood", "bernoulli", *FIT, "--out", out)
+    assert re.search(rf"^a\s+{int(np.isfinite(train['a']).sum())}$", printed, re.M)
+    assert "ELBO" in printed and " s; written to " in printed
+
+    run_ok(capsys, "predict", out, "--data", held_out_csv, "--out", folder / "prob.npz")
+    with np.load(folder / "prob.npz") as saved:
+        assert set(saved.files) == {"x", "prob_a", "prob_b"}
+        assert ((saved["prob_a"] > 0) & (saved["prob_a"] < 1)).all()
+
+    report = json.loads(run_ok(capsys, "evaluate", out, "--data", held_out_csv, "--json"))
+    for name in ("a", "b"):
+        scores = report["tasks"][name]
+        assert {"nlpd", "accuracy", "roc_auc"} <= set(scores)
+        observed = test[name][np.isfinite(test[name])]
+        majority = max(observed.mean(), 1 - observed.mean())
+        assert scores["accuracy"] > majority + 0.2 and scores["roc_auc"] > 0.9
+        assert scores["nlpd"] < math.log(2) - 0.2
+    assert report["overall"]["n"] == int(np.isfinite(test["a"]).sum()
+                                         + np.isfinite(test["b"]).sum())
+
+
+def test_help_names_every_model_in_one_line(capsys):
+    text = run_ok(capsys, "fit-multitask", "--help")
+    for kind in ("smdgp", "mmdgp", "cmdgp", "idgp", "igp", "cgp"):
+        assert re.search(rf"^  {kind}\s+\S.*$", text, re.M), kind
+    assert "(default: smdgp)" in text and "(default: 20)" in text
+    assert "fit-multitask" in run_ok(capsys, "--help")
+
+
+# Bad input -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def awkward_csvs(folder):
+    data = two_tasks(40, seed=2)
+    nan_x = {**data, "x": np.where(np.arange(40) == 5, np.nan, data["x"])}
+    nan_y = {**data, "y": np.where(np.arange(40) == 7, np.nan, data["y"])}
+    half = {**data, "y": np.where(data["task"] == 1, 0.5, 1.0)}
+    negative = {**data, "y": np.where(data["task"] == 1, -1.0, 1.0)}
+    empty = {**wide(data), "c": np.full(40, np.nan)}
+    return {name: write_csv(folder / f"{name}.csv", columns) for name, columns in
+            {"data": data, "nan_x": nan_x, "nan_y": nan_y, "half": half,
+             "negative": negative, "empty": empty}.items()}
+
+
+LONG = ["--task-column", "task", "--target", "y"]
+BAD_FITS = {
+    "unknown task column": ("data", ["--task-column", "nope", "--target", "y"],
+                            "unknown column 'nope'"),
+    "missing target column": ("data", ["--task-column", "task", "--target", "nope"],
+                              "unknown column 'nope'"),
+    "missing feature column": ("data", [*LONG, "--features", "x,zz"], "unknown column 'zz'"),
+    "a task with no rows": ("empty", ["--target", "a", "b", "c"],
+                            "task c has no rows: its target column holds no value"),
+    "bernoulli label 0.5": ("half", [*LONG, "--likelihood", "bernoulli"],
+                            "column 'y', task 1: labels must be 0 or 1"),
+    "negative class": ("negative", [*LONG, "--likelihood", "categorical", "--classes", "2"],
+                       "column 'y', task 1: labels must be integers in 0..1"),
+    "NaN feature": ("nan_x", LONG, "column 'x' contains NaN or inf (first at row 5)"),
+    "NaN target": ("nan_y", LONG, "column 'y' contains NaN or inf (first at row 7)"),
+    "one target, no task column": ("data", ["--target", "y"], "give --task-column"),
+    "task column with two targets": ("data", ["--task-column", "task", "--target", "x", "y"],
+                                     "takes one --target column"),
+    "a target twice": ("data", ["--target", "y", "y"], "name a column twice: y y"),
+    "task column as target": ("data", ["--task-column", "y", "--target", "y"],
+                              "name a column twice: y y"),
+    "target as feature": ("data", [*LONG, "--features", "x,y"], "both features and target"),
+    "--shared for igp": ("data", [*LONG, "--model", "igp", "--shared", "2"],
+                         "--shared applies to smdgp, mmdgp, cmdgp, not igp"),
+    "--private for smdgp": ("data", [*LONG, "--private", "2"],
+                            "--private applies to mmdgp, idgp, not smdgp"),
+    "no inducing inputs": ("data", [*LONG, "--inducing", "0"], "--inducing must be positive"),
+    "--classes for gaussian": ("data", [*LONG, "--classes", "3"], "--classes applies to"),
+    "--link for gaussian": ("data", [*LONG, "--link", "probit"], "--link applies to"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FITS, ids=list(BAD_FITS))
+def test_bad_fit_input_gives_one_line_and_writes_nothing(capsys, folder, awkward_csvs, case):
+    csv, arguments, message = BAD_FITS[case]
+    out = folder / "bad.safetensors"
+    error = run_failing(capsys, "fit-multitask", awkward_csvs[csv], *arguments, "--steps", "2",
+                        "--out", out)
+    assert message in error
+    assert not out.exists()
+
+
+def test_outputs_that_are_not_multitask_files_are_not_overwritten(capsys, folder, awkward_csvs):
+    csv = awkward_csvs["data"]
+    before = csv.read_bytes()
+    assert "refusing to overwrite" in run_failing(capsys, "fit-multitask", csv, *LONG,
+                                                  "--out", csv)
+    assert csv.read_bytes() == before
+    assert "does not exist" in run_failing(capsys, "fit-multitask", csv, *LONG,
+                                           "--out", folder / "nowhere" / "m.safetensors")
+
+
+def test_bad_prediction_input_gives_one_line(capsys, folder, fitted, awkward_csvs):
+    data = two_tasks(10, seed=3)
+    unseen = write_csv(folder / "unseen.csv", {**data, "task": np.full(10, 7.0)})
+    out = folder / "p.csv"
+    assert "task column 'task' holds 7, which is not among the tasks 0, 1" in run_failing(
+        capsys, "predict", fitted, "--data", unseen, "--out", out)
+    no_task = write_csv(folder / "no_task.csv", {"x": data["x"], "y": data["y"]})
+    assert "unknown column 'task'" in run_failing(capsys, "predict", fitted, "--data", no_task,
+                                                  "--out", out)
+    assert "column 'x' contains NaN" in run_failing(capsys, "evaluate", fitted, "--data",
+                                                    awkward_csvs["nan_x"])
+    assert "single model" in run_failing(capsys, "evaluate", fitted, "--data", unseen,
+                                         "--rule", "poe")
+    assert not out.exists()
+
+
+# Damaged and mislabelled files ---------------------------------------------------------------
+@pytest.mark.parametrize("where", [0.3, 0.6, 0.95])
+def test_a_tampered_tensor_is_detected(capsys, fitted, tmp_path, held_out_csv, where):
+    path = tmp_path / "flipped.safetensors"
+    data = bytearray(fitted.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")
+    data[header + int(where * (len(data) - header - 1))] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModuleFileError, match=re.escape(f"{path}: checksum mismatch")):
+        load_multitask(path)
+    assert f"{path}: checksum mismatch" in run_failing(capsys, "evaluate", path,
+                                                       "--data", held_out_csv)
+
+
+def test_a_truncated_file_is_refused(capsys, fitted, tmp_path, held_out_csv):
+    path = tmp_path / "cut.safetensors"
+    path.write_bytes(fitted.read_bytes()[:-100])
+    with pytest.raises(ModuleFileError,
+                       match=re.escape(f"{path}: not a readable multitask model file")):
+        load_multitask(path)
+    assert str(path) in run_failing(capsys, "predict", path, "--data", held_out_csv,
+                                    "--out", tmp_path / "p.csv")
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_tampered_json_is_detected(fitted, tmp_path):
+    data = fitted.read_bytes()
+    edited = data.replace(b'\\"num_samples\\": 200', b'\\"num_samples\\": 900')
+    assert edited != data and len(edited) == len(data)
+    path = tmp_path / "edited.safetensors"
+    path.write_bytes(edited)
+    with pytest.raises(ModuleFileError, match="checksum mismatch"):
+        load_multitask(path)
+
+
+def _model(edit):
+    return lambda record, tensors: edit(record["model"])
+
+
+INVALID = {
+    "unknown kind": (_model(lambda m: m.update(model="nonsense")),
+                     "unknown multitask model kind 'nonsense'"),
+    "another kind": (_model(lambda m: m.update(model="igp")),
+                     "do not fit its igp model (Error(s) in loading state_dict for IGP: "
+                     "Unexpected key(s)"),
+    "missing tensor": (lambda r, t: t.pop("top.layer.q_mean_unconstrained"),
+                       'do not fit its smdgp model (Error(s) in loading state_dict for SMDGP: '
+                       'Missing key(s) in state_dict: "top.layer.q_mean_unconstrained"'),
+    "NaN tensor": (lambda r, t: t.update({"top.layer.q_mean_unconstrained": torch.full_like(
+        t["top.layer.q_mean_unconstrained"], math.nan)}), "contains NaN or inf"),
+    "wrong shape": (lambda r, t: t.update({"top.layer.q_mean_unconstrained": t[
+        "top.layer.q_mean_unconstrained"][..., :-1].contiguous()}),
+                    "size mismatch for top.layer.q_mean_unconstrained"),
+    "wrong task count": (_model(lambda m: m.update(num_tasks=3)), "standardisation"),
+    "task names": (lambda r, t: r["info"].update(tasks=["0", "0"]), "not 2 distinct names"),
+    "newer version": (lambda r, t: r.update(format_version=99), "newer"),
+    "missing field": (lambda r, t: r.pop("standardisation"), "invalid record"),
+    "a module file": (lambda r, t: r.update(format="pyrogp-module"),
+                      "a module file, not a multitask model file"),
+}
+
+
+@pytest.mark.parametrize("case", INVALID, ids=list(INVALID))
+def test_invalid_contents_are_refused_in_one_line(fitted, tmp_path, case):
+    edit, message = INVALID[case]
+    path = resigned(fitted, tmp_path / "edited.safetensors", edit)
+    with pytest.raises(ModuleFileError, match=re.escape(message)) as error:
+        load_multitask(path)
+    text = str(error.value)
+    assert text.startswith(f"{path}: ") and "\n" not in text
+
+
+def test_module_and_multitask_files_are_told_apart(fitted, tmp_path, capsys, folder):
+    with pytest.raises(ModuleFileError,
+                       match=re.escape(f"{fitted}: a multitask model file, not a module file")):
+        load_module(fitted)
+    csv = write_csv(folder / "one_task.csv", {"x": np.linspace(0, 1, 20),
+                                              "y": np.linspace(0, 1, 20)})
+    modules = folder / "modules"
+    run_ok(capsys, "fit-local", csv, "--target", "y", "--partitions", "1", "--inducing", "3",
+           "--steps", "2", "--out", modules)
+    module_file = next(modules.glob("*.safetensors"))
+    with pytest.raises(ModuleFileError, match="a module file, not a multitask model file"):
+        load_multitask(module_file)
+    assert file_format(module_file) == "pyrogp-module" and file_format(csv) is None
