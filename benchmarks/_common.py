@@ -85,6 +85,7 @@ def machine_info() -> dict[str, Any]:
         "numpy": numpy.__version__,
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
     }
+    info.update(source_version())
     for name in ("pyro", "gpytorch"):
         try:
             info[name] = __import__(name).__version__
@@ -92,6 +93,28 @@ def machine_info() -> dict[str, Any]:
             info[name] = None
     info["load_average"] = load_average()
     return info
+
+
+def source_version() -> dict[str, Any]:
+    """The library version and the git commit the results come from (``dirty``: the work tree
+    differed from that commit; None outside a git checkout)."""
+    import subprocess
+
+    import pyrogp_models
+
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"pyrogp_models": pyrogp_models.__version__, "commit": git("rev-parse", "HEAD"),
+            "dirty": None if status is None else bool(status)}
 
 
 def load_average() -> list[float] | None:

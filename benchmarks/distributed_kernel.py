@@ -1,28 +1,29 @@
-"""Benchmark of the distributed-kernel sparse GP: cost versus J, and NLPD at equal time.
+"""Benchmark of the distributed-kernel sparse GP: cost versus J, and a race at equal time.
 
-1. Cost. n = 10⁵ points in 1-D, m inducing inputs per region, J = 1 … 256 regions: the wall time
-   of one objective + gradient (halo rebuilt, ELBO, backward) is the median of ``--repeats``
-   runs. With the halo every point touches ~1–2 regions, so the cost is O(n m²) and flat in J;
-   the same objective with every (point, region) pair kept (no halo) costs O(n J m²) and is timed
-   for the smaller J where it fits in memory.
+1. Cost. n = 10⁵ points in 1-D, m inducing inputs per region, J = 1 … 256 regions: the wall and
+   CPU time of one objective + gradient (halo rebuilt, ELBO, backward) are medians of
+   ``--repeats`` rounds that interleave the J values. With the halo every point touches ~1–2
+   regions, so the cost is O(n m²) and flat in J; the same objective with every (point, region)
+   pair kept (no halo) costs O(n J m²) and is timed for the smaller J where it fits in memory.
 2. Equal wall time. A function whose detail grows along x (a chirp), n = 10⁵ noisy training
-   points, 10⁴ test points: the distributed-kernel GP (J regions × m, q solved by conjugate
-   gradients before each step: ``fit_distributed_kernel``) against one SVGP with the same total
-   M = J·m inducing inputs (minibatch Adam on Pyro's TraceMeanField_ELBO), both trained by
-   ``inference.trainer.train`` for ``--budget`` seconds from the same hyperparameters (ℓ = 0.5,
-   noise 0.1, signal variance var(y)). Test NLPD (noise included) and RMSE.
+   points, 10⁴ test points: the distributed-kernel GP (J regions × m, ``fit_distributed_kernel``
+   with its default training: Adam on θ, Z and the cuts, q solved by conjugate gradients before
+   each step) against one SVGP with the same total M = J·m inducing inputs on its best recipe —
+   the library's default, the collapsed bound by L-BFGS on all n points (q(u) at its optimum) —
+   and, for the case the collapsed bound does not cover (minibatches), the minibatch SVGP with
+   natural-gradient steps on q(u) and Adam on the rest (``fit_local``'s default with
+   ``batch_size``). Every model starts from its own default initialisation and trains until its
+   convergence test passes or ``--budget`` seconds have passed. Test NLPD (noise included) and
+   RMSE; wall and CPU seconds (on a shared machine CPU < wall: the share the fit got).
 
-Prints markdown tables and writes ``benchmarks/results/distributed_kernel.json``.
-Run: ``python benchmarks/distributed_kernel.py [--quick]``.
+Prints markdown tables and writes ``distributed_kernel.json`` and ``.md`` (``--out``; default
+``benchmarks/results/``). Run: ``python benchmarks/distributed_kernel.py [--quick]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import statistics
 import sys
 import time
@@ -33,29 +34,28 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    load_average,
+    machine_info,
+    markdown_table,
+    median,
+    write_json,
+)
 
 from inference.distributed_kernel_fit import (  # noqa: E402
     DEFAULT_TRAIN_CONFIG,
     DistributedKernelSpec,
     fit_distributed_kernel,
 )
+from inference.fit_result import Fit  # noqa: E402
+from inference.local_fit import LocalFitSpec, default_config, fit_local  # noqa: E402
 from inference.metrics import nlpd, rmse  # noqa: E402
-from inference.trainer import train  # noqa: E402
-from pyrogp_models.data import Standardisation  # noqa: E402
-from pyrogp_models.kernels import RBF  # noqa: E402
-from pyrogp_models.likelihoods import make_likelihood  # noqa: E402
+from pyrogp_models.data.partitioners import partition_random  # noqa: E402
 from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp  # noqa: E402
 from pyrogp_models.models.distributed_kernel.halo import full_halo  # noqa: E402
-from pyrogp_models.models.local.svgp import BatchedSVGP  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
-
-
-def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or "unknown",
-            "cpu_count": os.cpu_count(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "dtype": "float64",
-            "load_average_1min": os.getloadavg()[0]}
 
 
 # 1. cost versus J -----------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def cost_versus_regions(n: int, m: int, regions: list[int], full_regions: list[i
     for row in rows.values():
         for key in ("wall_halo", "cpu_halo", "wall_no_halo", "cpu_no_halo"):
             if row[key]:
-                row[f"median_{key}"] = statistics.median(row[key])
+                row[f"median_{key}"] = median(row[key])
         row["cpu_per_pair_us"] = 1e6 * row["median_cpu_halo"] / (row["pairs_per_point"] * n)
     return [rows[J] for J in regions]
 
@@ -124,57 +124,122 @@ def chirp_data(n: int, n_test: int, noise: float, seed: int = 1):
     return X, y, Xs, ys
 
 
+def race(X, y, Xs, ys, J: int, m: int, budget: float, batch_size: int | None = None,
+         keep_prediction: bool = False) -> list[dict]:
+    """The distributed-kernel GP (J × m) against one SVGP with M = J·m on the collapsed bound
+    and, with ``batch_size``, the minibatch SVGP with natural gradients: each with the library's
+    default training, stopped after ``budget`` seconds if it has not converged by then."""
+    def distributed_kernel() -> Fit:
+        return fit_distributed_kernel((X, y), DistributedKernelSpec(J, m),
+                                      replace(DEFAULT_TRAIN_CONFIG, time_budget=budget))
+
+    def svgp(batch: int | None):
+        spec = LocalFitSpec(J * m, batch_size=batch)
+        return lambda: fit_local((X, y, partition_random(len(y), 1, 0)), spec,
+                                 replace(default_config(spec), time_budget=budget))
+
+    contenders = {f"distributed kernel, J={J} × m={m}": distributed_kernel,
+                  f"SVGP, M={J * m}, collapsed bound, L-BFGS": svgp(None)}
+    if batch_size is not None:
+        contenders[f"SVGP, M={J * m}, minibatch {batch_size}, natural gradients + Adam"] = \
+            svgp(batch_size)
+    return [race_row(name, J * m, fit, Xs, ys, keep_prediction) for name, fit in
+            contenders.items()]
+
+
+def race_row(name: str, M: int, fit_fn, Xs, ys, keep_prediction: bool) -> dict:
+    """Fit one contender and score it: steps, wall and CPU seconds, test NLPD and RMSE, the
+    ELBO and hyperparameters in data units."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fit = fit_fn()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    predictor = fit.predictor
+    with torch.no_grad():
+        mean, var_y = predictor.predict_y(Xs)
+    lengthscale, noise = data_units_hyperparameters(fit)
+    row = {"model": name, "M": M, "steps": fit.result.steps, "converged": fit.result.converged,
+           "train_seconds": fit.result.seconds, "wall_seconds": wall, "cpu_seconds": cpu,
+           "elbo": predictor.elbo - predictor.num_data * math.log(fit.standardisation.y_scale),
+           "lengthscale": lengthscale, "noise": noise, **evaluate(mean, var_y, ys)}
+    if keep_prediction:
+        row["prediction"] = (mean, var_y)
+    print(f"  {name}: {row['steps']} steps, {wall:.1f} s wall ({cpu:.1f} s CPU), test NLPD "
+          f"{row['nlpd']:.3f}", flush=True)
+    return row
+
+
+def data_units_hyperparameters(fit: Fit) -> tuple[float, float]:
+    """Lengthscale and noise variance in data units of a fitted SVGP (its one module) or
+    distributed-kernel GP."""
+    modules = getattr(fit, "modules", None)
+    if modules:
+        hyper = next(iter(modules.values())).hyperparameters()
+        return float(hyper["lengthscale"].reshape(-1)[0]), float(hyper["noise_variance"])
+    scale = fit.standardisation
+    return (float(fit.model.kernel.lengthscale.detach()) * float(scale.x_scale[0]),
+            float(fit.model.likelihood.variance.detach()) * scale.y_scale**2)
+
+
 def evaluate(mean, var_y, ys) -> dict:
     log_density = -0.5 * (torch.log(2 * math.pi * var_y) + (ys - mean).square() / var_y)
     return {"nlpd": nlpd(log_density.numpy()), "rmse": rmse(ys.numpy(), mean.numpy())}
 
 
-#: Optimiser steps allowed in part 2: the budget stops both fits first.
-MAX_STEPS = 100_000
+def race_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: one row per contender of a race (with its data set when given)."""
+    data = "data" in rows[0]
+    return markdown_table(
+        (["data"] if data else []) + ["model", "M", "steps", "converged", "wall s", "CPU s",
+                                      "test NLPD", "test RMSE", "ELBO", "ℓ", "σ²"],
+        [([r["data"]] if data else []) + [
+            r["model"], r["M"], r["steps"], "yes" if r["converged"] else "no (budget)",
+            f"{r['wall_seconds']:.1f}", f"{r['cpu_seconds']:.1f}", f"{r['nlpd']:.3f}",
+            f"{r['rmse']:.4f}", f"{r['elbo']:.0f}", f"{r['lengthscale']:.3f}",
+            f"{r['noise']:.4f}"] for r in rows])
 
 
-def run_distributed_kernel(X, y, Xs, ys, J, m, init, budget, keep_prediction=False) -> dict:
-    """The distributed-kernel fit (standardised data) from ``init`` in data units."""
-    scale = Standardisation.fit(X, y)
-    spec = DistributedKernelSpec(
-        J, m, lengthscale=init["lengthscale"] / float(scale.x_scale[0]),
-        likelihood_options={"variance": init["noise"] / scale.y_scale**2})
-    fit = fit_distributed_kernel((X, y), spec, replace(DEFAULT_TRAIN_CONFIG, steps=MAX_STEPS,
-                                                       lr=0.1, time_budget=budget))
-    mean, var_y = fit.predictor.predict_y(Xs)
-    row = {"model": f"distributed kernel, J={J} x m={m}", "M": J * m, "steps": fit.result.steps,
-           "seconds": fit.result.seconds,
-           "final_elbo": -fit.result.final_loss - len(y) * math.log(scale.y_scale),
-           "lengthscale": float(fit.model.kernel.lengthscale.detach()) * float(scale.x_scale[0]),
-           "noise": float(fit.model.likelihood.variance.detach()) * scale.y_scale**2,
-           **evaluate(mean, var_y, ys)}
-    if keep_prediction:
-        row["prediction"] = (mean, var_y)
-    return row
+def markdown(report: dict) -> str:
+    machine, settings = report["machine"], report["settings"]
+    cost, race_record = report["cost_versus_regions"], report["equal_time"]
+    rows = race_record["results"]
+    lines = ["# Distributed-kernel GP benchmark", "",
+             f"Commit {machine['commit']} (uncommitted changes: {machine['dirty']}; "
+             f"pyrogp_models {machine['pyrogp_models']}); torch {machine['torch']}, "
+             f"{machine['torch_threads']} thread(s), float64; load average "
+             f"{machine['load_average']} at the start, {machine['load_average_end']} at the end. "
+             "A shared 2-core machine: part 1 reports medians over rounds that interleave the J "
+             "values; part 2 is one fit per model, with its CPU seconds next to its wall seconds "
+             "(the share of the machine it got).", "",
+             f"## 1. One objective + gradient at n = {settings['n']}, m = {settings['m']}", ""]
+    lines += markdown_table(
+        ["J", "pairs / point", "CPU s, halo", "wall s, halo", "CPU µs per pair",
+         "CPU s, every pair", "wall s, every pair"],
+        [[r["J"], f"{r['pairs_per_point']:.2f}", f"{r['median_cpu_halo']:.3f}",
+          f"{r['median_wall_halo']:.3f}", f"{r['cpu_per_pair_us']:.2f}",
+          *((f"{r['median_cpu_no_halo']:.3f}", f"{r['median_wall_no_halo']:.3f}")
+            if "median_cpu_no_halo" in r else ("—", "—"))] for r in cost])
+    lines += ["", f"Log–log slope of CPU time in J: {report['slope_with_halo']:.2f} with the halo "
+              f"(J ≥ 4), {report['slope_every_pair']:.2f} with every pair (O(n J m²) would be 1).",
+              "", f"## 2. Equal wall time on the chirp (n = {race_record['n_train']}, "
+              f"{race_record['n_test']} test points, noise variance {race_record['noise']}; "
+              f"budget {race_record['budget_seconds']:.0f} s of training each)", ""]
+    lines += race_table(rows)
+    lines += ["", "Each model trains with the library's defaults from its own default "
+              "initialisation and stops at its convergence test or at the budget. The SVGP "
+              "rows are its best recipe (the collapsed bound by L-BFGS, the library default) "
+              "and the minibatch recipe (natural-gradient steps on q(u), Adam on the rest). "
+              + race_summary(rows), ""]
+    return "\n".join(lines)
 
 
-def run_svgp(X, y, Xs, ys, M, init, budget, batch_size, seed=0, keep_prediction=False) -> dict:
-    """One SVGP with M inducing inputs on a grid, from ``init`` (signal variance var(y))."""
-    Z = torch.linspace(float(X.min()), float(X.max()), M).reshape(1, M, 1)
-    kernel = RBF(1, batch_shape=(1, 1), lengthscale=init["lengthscale"],
-                 variance=float(y.var(unbiased=False)))
-    svgp = BatchedSVGP(Z, kernel, make_likelihood("gaussian", batch_shape=(1,),
-                                                  variance=init["noise"]),
-                       X.unsqueeze(0), y.unsqueeze(0), torch.ones(1, X.shape[0], dtype=torch.bool),
-                       batch_size=batch_size)
-    result = train(svgp, config=replace(DEFAULT_TRAIN_CONFIG, steps=MAX_STEPS, lr=0.01,
-                                        seed=seed, time_budget=budget))
-    with torch.no_grad():
-        mean, var = svgp.latent(Xs.unsqueeze(0))
-        mean, var_y = svgp.likelihood.predictive_moments(mean, var)
-    row = {"model": f"SVGP, M={M}, minibatch {batch_size}", "M": M, "steps": result.steps,
-           "seconds": result.seconds,
-           "lengthscale": float(svgp.kernel.lengthscale.detach().reshape(-1)[0]),
-           "noise": float(svgp.likelihood.variance.detach().reshape(-1)[0]),
-           **evaluate(mean[0], var_y[0], ys)}
-    if keep_prediction:
-        row["prediction"] = (mean[0], var_y[0])
-    return row
+def race_summary(rows: list[dict]) -> str:
+    """One sentence: the first contender's test NLPD against every other's."""
+    first, others = rows[0], rows[1:]
+    return (f"Test NLPD of the {first['model']}: {first['nlpd']:.3f}; "
+            + "; ".join(f"{r['model']}: {r['nlpd']:.3f} ({r['nlpd'] - first['nlpd']:+.3f}, "
+                        f"{r['steps']} steps, "
+                        f"{'converged' if r['converged'] else 'stopped by the budget'})"
+                        for r in others) + ".")
 
 
 def main(argv=None) -> dict:
@@ -183,56 +248,45 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (1: stable timings on a shared machine)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--budget", type=float, default=60.0, help="seconds per model (part 2)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "distributed_kernel.json")
+    parser.add_argument("--budget", type=float, default=60.0,
+                        help="seconds of training per model (part 2)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON path (the report is written next to it as .md)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.set_default_dtype(torch.float64)
+    out = args.out or RESULTS_DIR / f"distributed_kernel{'_quick' if args.quick else ''}.json"
     n = 20000 if args.quick else 100000
     m = 10
     regions = [1, 4, 16, 64] if args.quick else [1, 4, 16, 64, 256]
     full_regions = [2, 4] if args.quick else [2, 4, 8]    # J = 1 has no window to evaluate
     regions = sorted(set(regions) | set(full_regions))
     budget = 10.0 if args.quick else args.budget
+    report = {"machine": machine_info(),
+              "settings": vars(args) | {"out": str(out), "n": n, "m": m, "dtype": "float64"}}
 
-    print(f"# Distributed-kernel benchmark ({machine()['processor']}, "
-          f"{os.cpu_count()} cores, {args.threads} torch thread(s), float64)\n", flush=True)
     print(f"## 1. One objective + gradient at n = {n}, m = {m}", flush=True)
     cost = cost_versus_regions(n, m, regions, full_regions, args.repeats)
     large = [r for r in cost if r["J"] >= 4]
-    halo_slope = log_slope([r["J"] for r in large], [r["median_cpu_halo"] for r in large])
     full = [r for r in cost if "median_cpu_no_halo" in r]
-    full_slope = log_slope([r["J"] for r in full], [r["median_cpu_no_halo"] for r in full])
-    print("\n| J | pairs / point | CPU s, halo | wall s, halo | CPU µs per pair | "
-          "CPU s, every pair | wall s, every pair |\n|---|---|---|---|---|---|---|")
-    for r in cost:
-        every = (f"{r['median_cpu_no_halo']:.3f} | {r['median_wall_no_halo']:.3f}"
-                 if "median_cpu_no_halo" in r else "— | —")
-        print(f"| {r['J']} | {r['pairs_per_point']:.2f} | {r['median_cpu_halo']:.3f} | "
-              f"{r['median_wall_halo']:.3f} | {r['cpu_per_pair_us']:.2f} | {every} |")
-    print(f"\nlog-log slope of CPU time in J: {halo_slope:.2f} with the halo (J ≥ 4), "
-          f"{full_slope:.2f} with every pair (O(n J m²) would be 1)\n", flush=True)
+    report |= {"cost_versus_regions": cost,
+               "slope_with_halo": log_slope([r["J"] for r in large],
+                                            [r["median_cpu_halo"] for r in large]),
+               "slope_every_pair": log_slope([r["J"] for r in full],
+                                             [r["median_cpu_no_halo"] for r in full])}
 
     print(f"## 2. Equal wall time ({budget:.0f} s each) on the chirp", flush=True)
-    n_train = 20000 if args.quick else 100000
     J, m2 = (16, 16) if args.quick else (32, 16)
-    X, y, Xs, ys = chirp_data(n_train, 10000, noise=0.01)
-    init = {"lengthscale": 0.5, "noise": 0.1}
-    comparison = [run_distributed_kernel(X, y, Xs, ys, J, m2, init, budget),
-                  run_svgp(X, y, Xs, ys, J * m2, init, budget, batch_size=1000)]
-    print("\n| model | M | steps | seconds | test NLPD | test RMSE | ℓ | σ² |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in comparison:
-        print(f"| {r['model']} | {r['M']} | {r['steps']} | {r['seconds']:.1f} | "
-              f"{r['nlpd']:.3f} | {r['rmse']:.4f} | {r['lengthscale']:.3f} | {r['noise']:.4f} |")
-    report = {"machine": machine(), "settings": vars(args) | {"out": str(args.out)},
-              "cost_versus_regions": cost, "slope_with_halo": halo_slope,
-              "slope_every_pair": full_slope,
-              "equal_time": {"n_train": n_train, "n_test": 10000, "noise": 0.01,
-                             "budget_seconds": budget, "initial": init, "results": comparison}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {args.out}")
+    X, y, Xs, ys = chirp_data(n, 10000, noise=0.01)
+    report["equal_time"] = {"n_train": n, "n_test": 10000, "noise": 0.01,
+                            "budget_seconds": budget,
+                            "results": race(X, y, Xs, ys, J, m2, budget, batch_size=1000)}
+    report["machine"]["load_average_end"] = load_average()
+    text = markdown(report)
+    print(text)
+    write_json(out, report)
+    out.with_suffix(".md").write_text(text, encoding="utf-8")
+    print(f"\nwrote {out}")
     return report
 
 

@@ -19,8 +19,12 @@ J = 1000 experts of 100 points (float64). Four measurements, medians over repeat
 
 Usage::
 
-    python benchmarks/experts.py            # → benchmarks/results/experts.json
-    python benchmarks/experts.py --quick    # n = 10⁴, N = 10⁴; → experts_quick.json
+    python benchmarks/experts.py            # → benchmarks/results/experts.json and .md
+    python benchmarks/experts.py --quick    # n = 10⁴, N = 10⁴; → experts_quick.json and .md
+    python benchmarks/experts.py --out PATH.json
+
+Timings on a shared machine are noisy: every figure is a median over repeats, and the report
+gives the load average at the start and the end.
 
 The script pins torch to ``--threads`` threads (default 1; on this two-core machine batched
 LAPACK calls with two OpenMP threads were up to 50× slower than with one under load).
@@ -41,7 +45,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import (  # noqa: E402
+    RESULTS_DIR,
     format_seconds,
+    load_average,
     machine_info,
     median,
     median_time,
@@ -155,31 +161,38 @@ def end_to_end(settings, modules: dict) -> tuple[dict, str]:
     return {"experts": J, "points": len(X), "seconds": seconds}, text
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller problem, fewer repeats")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON path (the report is written next to it as .md)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     mode = "quick" if args.quick else "full"
     settings = SETTINGS[mode]
     start = time.perf_counter()
-    training, modules = train(settings)
-    out = {"mode": mode, "settings": settings, "training": training}
-    texts = [training.pop("table")]
+    out = {"mode": mode, "settings": settings, "machine": machine_info()}
+    out["training"], modules = train(settings)
+    texts = [out["training"].pop("table")]
     for key, measure in [("combination", combination), ("moments", moments),
                          ("end_to_end", end_to_end)]:
         out[key], text = measure(settings, modules)
         texts.append(text)
     out["total_seconds"] = time.perf_counter() - start
-    out["machine"] = machine_info()
-    name = "experts" if mode == "full" else "experts_quick"
-    path = write_json(name, out)
-    header = (f"# Products of experts benchmark ({mode} mode)\n\ntorch threads "
-              f"{out['machine']['torch_threads']}, load average {out['machine']['load_average']},"
-              f" total {out['total_seconds']:.0f} s.\n")
+    machine = out["machine"]
+    machine["load_average_end"] = load_average()
+    path = write_json(args.out or RESULTS_DIR / f"experts{'_quick' if args.quick else ''}.json",
+                      out)
+    header = (f"# Products of experts benchmark ({mode} mode)\n\nCommit {machine['commit']} "
+              f"(uncommitted changes: {machine['dirty']}; pyrogp_models "
+              f"{machine['pyrogp_models']}); torch threads {machine['torch_threads']}; load "
+              f"average {machine['load_average']} at the start, {machine['load_average_end']} at "
+              f"the end (a shared 2-core machine: times are medians over repeats and noisy); "
+              f"total {out['total_seconds']:.0f} s. Training: `fit_exact_experts` with its "
+              f"default L-BFGS.\n")
     blocks = "\n".join(f"```\n{text}\n```\n" for text in texts)
-    (path.parent / f"{name}.md").write_text(header + "\n" + blocks, encoding="utf-8")
+    path.with_suffix(".md").write_text(header + "\n" + blocks, encoding="utf-8")
     print(f"wrote {path} in {out['total_seconds']:.0f} s")
 
 
