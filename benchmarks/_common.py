@@ -96,8 +96,9 @@ def machine_info() -> dict[str, Any]:
 
 
 def source_version() -> dict[str, Any]:
-    """The library version and the git commit the results come from (``dirty``: the work tree
-    differed from that commit; None outside a git checkout)."""
+    """The library version and the git commit the results come from (``dirty``: the code — the
+    library, the command line or the benchmarks — differed from that commit; None outside a git
+    checkout)."""
     import subprocess
 
     import pyrogp_models
@@ -112,7 +113,8 @@ def source_version() -> dict[str, Any]:
             return None
         return done.stdout.strip() if done.returncode == 0 else None
 
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", "pyrogp_models",
+                 "inference", "benchmarks", ":!benchmarks/results", "pyproject.toml")
     return {"pyrogp_models": pyrogp_models.__version__, "commit": git("rev-parse", "HEAD"),
             "dirty": None if status is None else bool(status)}
 
