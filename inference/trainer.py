@@ -202,16 +202,20 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     try:
         with deferred_checks():
             while step < config.steps:
-                for hook in hooks:
-                    hook(loss_fn)
-                if isinstance(optimizer, BatchedLBFGS):
-                    loss = optimizer.step()
-                elif config.optimizer == "adam":
-                    loss = closure()
-                    if params:
-                        optimizer.step()
-                else:
-                    loss = optimizer.step(closure)
+                try:
+                    for hook in hooks:
+                        hook(loss_fn)
+                    if isinstance(optimizer, BatchedLBFGS):
+                        loss = optimizer.step()
+                    elif config.optimizer == "adam":
+                        loss = closure()
+                        if params:
+                            optimizer.step()
+                    else:
+                        loss = optimizer.step(closure)
+                except ValueError:
+                    _raise_if_not_finite(loss_fn, step + 1)
+                    raise
                 if step == len(losses):
                     losses = torch.cat([losses, torch.full_like(losses, math.nan)])
                 losses[step] = loss.detach()
@@ -283,6 +287,17 @@ def _check_finite(losses: torch.Tensor, step: int, loss_fn: Callable[[], torch.T
                                 "rate)") from None
     raise FloatingPointError(f"the loss became {losses[first - 1].item()} at step {first}; try a "
                              "smaller learning rate")
+
+
+def _raise_if_not_finite(loss_fn: Callable[[], torch.Tensor], step: int) -> None:
+    """Name the step when Pyro's validation refused a non-finite value (a NaN factor or
+    distribution parameter): raise if the loss, evaluated without validation, is not finite."""
+    with torch.no_grad(), pyro.validation_enabled(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Pyro's "Encountered NaN": the error below says it
+        loss = loss_fn()
+    if not bool(torch.isfinite(loss)):
+        raise FloatingPointError(f"the loss became {loss.item()} at step {step}; try a smaller "
+                                 "learning rate") from None
 
 
 # Checkpoints --------------------------------------------------------------------------------

@@ -258,8 +258,6 @@ def test_recycle_likelihood_names_the_saved_likelihood(capsys, folder, data_csv)
         float(modules["part000"].likelihood_params["variance"]))
 
 
-@pytest.mark.xfail(strict=True, reason="recycle of modules with different likelihoods and no "
-                   "--likelihood reports the Python API (likelihood='gaussian'), after training")
 def test_recycle_of_mixed_likelihoods_names_the_flag(capsys, folder, data_csv):
     run_ok(capsys, *fit_args(data_csv, "y", folder / "gauss_x", "--inducing", 5))
     modules = load_modules(folder / "gauss_x")

@@ -49,10 +49,6 @@ def test_a_non_finite_loss_stops_the_fit_naming_its_step():
     assert result.steps == 30 and math.isfinite(result.losses[-1])
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="with Pyro's validation on (its default) the NaN factor raises Pyro's "
-                          "'Expected parameter log_factor ... Unit(log_factor: nan)' before the "
-                          "trainer's check can name the step")
 def test_a_non_finite_loss_is_named_with_pyro_validation_on():
     with pyro.validation_enabled(True), pytest.raises(FloatingPointError,
                                                       match="the loss became nan at step 2"):
@@ -78,8 +74,6 @@ def test_a_non_finite_loss_from_the_command_line_is_one_line_and_writes_nothing(
     nan_poisson_fit(capsys, tmp_path, monkeypatch)
 
 
-@pytest.mark.xfail(strict=True, reason="the command line shows Pyro's validation error "
-                   "(with its trace table) instead of the trainer's 'the loss became nan'")
 def test_a_non_finite_loss_from_the_command_line_names_the_step(capsys, tmp_path, monkeypatch):
     message = nan_poisson_fit(capsys, tmp_path, monkeypatch)
     assert "the loss became nan at step 1; try a smaller learning rate" in message

@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     modules = _load_all(args.paths)
     columns = _shared_columns(modules)
     raw = _raw_data(args, modules, columns.get("target")) if args.data is not None else None
+    if args.likelihood is None and raw is None:
+        _check_one_likelihood(modules)
     spec = RecycleSpec(num_inducing=args.inducing,
                        collapsed=True if args.collapsed else False if args.uncollapsed else None,
                        on_unbounded="warn" if args.on_unbounded == "warn" else "raise",
@@ -184,6 +186,17 @@ def _shared_columns(modules: dict[str, Module]) -> dict:
         return {}
     features, target = next(iter(recorded.values()))
     return {"features": features, "target": target}
+
+
+def _check_one_likelihood(modules: dict[str, Module]) -> None:
+    """Before training: the saved meta-GP needs one likelihood; modules that differ name it by
+    the flag (the library's own message speaks of its Python argument)."""
+    names = sorted({m.likelihood_name for m in modules.values()})
+    options = {repr(sorted(m.likelihood_options.items())) for m in modules.values()}
+    if len(names) > 1 or len(options) > 1:
+        found = ", ".join(names) if len(names) > 1 else f"{names[0]} with different options"
+        raise DataError(f"the modules have different likelihoods ({found}); name the meta-GP's "
+                        "with --likelihood")
 
 
 def _raw_data(args: argparse.Namespace, modules: dict[str, Module], target: str | None
