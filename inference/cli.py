@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -35,8 +36,9 @@ COMMANDS = [
 USER_ERRORS = (PyrogpError, OSError, ValueError, FloatingPointError)
 
 _DEBUG_HELP = "show the full traceback of an error"
-_THREADS_HELP = ("use N threads within torch operations (torch.set_num_threads); "
-                 "default: torch's own choice, usually one per core")
+_THREADS_HELP = ("use N threads within torch operations (torch.set_num_threads); default: 1, "
+                 "or torch's own choice when OMP_NUM_THREADS is set (the batched fits are many "
+                 "small operations, which more threads slow down on a busy machine)")
 _MAX_MESSAGE = 400
 
 
@@ -72,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_request.code or 0)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
     try:
         return args.run(args)
     except USER_ERRORS as error:

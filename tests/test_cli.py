@@ -300,14 +300,6 @@ def test_threads_is_applied_before_the_command_runs(capsys, monkeypatch, contigu
     assert seen == [wanted] and torch.get_num_threads() == wanted
 
 
-def test_without_threads_the_thread_count_is_left_alone(capsys, contiguous_modules,
-                                                        restore_threads):
-    torch.set_num_threads(2)
-    run_ok(capsys, "info", contiguous_modules)
-    assert torch.get_num_threads() == 2
-    assert "--threads N" in run_ok(capsys, "--help")
-
-
 @pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
 def test_threads_must_be_a_positive_whole_number(capsys, contiguous_modules, restore_threads,
                                                  value):
@@ -332,3 +324,27 @@ def test_the_installed_command_exits_with_one_line(tmp_path):
     assert result.stdout == ""
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and "no such module file" in result.stderr
+
+
+@pytest.mark.parametrize("environment", [None, "2"])
+def test_one_thread_unless_asked(capsys, monkeypatch, contiguous_modules, restore_threads,
+                                 environment):
+    """Without --threads the command runs on one thread; OMP_NUM_THREADS leaves torch's choice."""
+    import inference.commands.info as info_command
+
+    seen = []
+    real_run = info_command.run
+
+    def recording_run(args):
+        seen.append(torch.get_num_threads())
+        return real_run(args)
+
+    monkeypatch.setattr(info_command, "run", recording_run)
+    if environment is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", environment)
+    torch.set_num_threads(2)
+    assert "part002" in run_ok(capsys, "info", contiguous_modules)
+    assert seen == [1 if environment is None else 2]
+    assert "--threads N" in run_ok(capsys, "--help")

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 RESULTS = ROOT / "benchmarks" / "results"
 SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
-#: A number as the README writes it: 1.6, 1000, 1e-3, 10⁶ (a power of ten).
-NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:e(-?\d+)|([⁰¹²³⁴⁵⁶⁷⁸⁹⁻]+))?")
+#: A number as the README writes it: 1.6, −0.889, 1000, 1e-3, 10⁶ (a power of ten).
+NUMBER = re.compile(r"(?<![\w.])([−-]?\d+(?:\.\d+)?)(?:e(-?\d+)|([⁰¹²³⁴⁵⁶⁷⁸⁹⁻]+))?")
 
 
 def blocks(language: str) -> list[str]:
@@ -55,6 +55,7 @@ def quoted_numbers(text: str) -> list[tuple[float, int]]:
     """(value, decimals shown) of every number in ``text``; powers of ten as 10⁶ read as 1e6."""
     out = []
     for digits, exponent, superscript in NUMBER.findall(text):
+        digits = digits.replace("−", "-")
         if superscript:
             out.append((10.0 ** int(superscript.translate(SUPERSCRIPTS)), 0))
         elif exponent:
