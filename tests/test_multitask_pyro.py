@@ -4,8 +4,9 @@ the trainer's ELBO; natural gradients where they apply; two models never share p
 ``fit_multitask_dgp`` trains (spec T7) regression and classification models.
 
 T9 and T10 (the toy comparisons against cGP and iDGP on the toy experiment's fits: five seeds of
-5000 steps of four models, about half an hour) run only with ``PYROGP_SLOW=1``; T9 does not
-reproduce and is marked as an expected failure (``benchmarks/results/multitask_experiments.md``).
+5000 steps of four models, about half an hour) run only with ``PYROGP_SLOW=1``; neither
+reproduces, and both are marked as expected failures
+(``benchmarks/results/multitask_experiments.md``).
 """
 
 import math
@@ -28,6 +29,8 @@ from pyrogp_models.models.multitask import MODELS, toy_grid, toy_tasks
 STEPS, LR = 25, 0.01
 T9_REASON = ("T9 does not reproduce: cGP (ICM, rank 2) fits the toy at least as well as sMDGP "
              "and mMDGP; see benchmarks/results/multitask_experiments.md")
+T10_REASON = ("T10 does not reproduce: mMDGP's RMSE in task 2's gap is below iDGP's on 2 of 5 "
+              "seeds (mean 0.271 vs 0.215); see benchmarks/results/multitask_experiments.md")
 # ``param_mode`` (tests/conftest.py) runs a test in both of Pyro's parameter modes.
 
 
@@ -161,6 +164,7 @@ def test_toy_nonlinear_tasks_favour_the_multitask_dgp_over_icm(toy_comparisons):
 
 
 @SLOW
+@pytest.mark.xfail(strict=True, reason=T10_REASON)
 def test_toy_transfer_into_a_gap_of_task_two(toy_comparisons):
     _, t10 = toy_comparisons
     assert t10["met"], t10
