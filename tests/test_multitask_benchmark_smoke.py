@@ -13,7 +13,7 @@ from helpers import ROOT, run_quick_benchmark
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from multitask_experiments import GRAVITY, arm_torques  # noqa: E402
+from multitask_experiments import GRAVITY, arm_torques, standardised_nlpd  # noqa: E402
 
 TIMEOUT_SECONDS = 1200.0
 MODELS = {"smdgp", "mmdgp", "cmdgp", "idgp", "igp", "cgp"}
@@ -157,3 +157,14 @@ def test_the_simulated_arm_obeys_the_manipulator_equation():
         # viscous friction adds Bq̇
         friction = arm_torques(q[None], dq[None], np.zeros((1, 3)))[0] - coriolis - gravity
         np.testing.assert_allclose(friction, np.array([0.4, 0.3, 0.2]) * dq, atol=1e-12)
+
+
+def test_standardised_nlpd_is_the_nlpd_of_the_scaled_targets():
+    """Densities of y in data units give the NLPD of y/s (the inverse-dynamics tables)."""
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(0)
+    y, mean, sd, scale = rng.normal(size=50), rng.normal(size=50), 0.3, 7.0
+    in_data_units = norm.logpdf(scale * y, scale * mean, scale * sd)
+    expected = -norm.logpdf(y, mean, sd).mean()
+    assert standardised_nlpd(in_data_units, scale) == pytest.approx(expected, rel=1e-12)
