@@ -124,6 +124,8 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
     if stack is not None and spec.repair_sites:
         stack, repairs = clip_site_precisions(stack)
     likelihood, raw_X, raw_y, standardisation = _raw_data_terms(stack, raw_data, spec)
+    if raw_data is None:  # the likelihood to export is chosen (or refused) before training
+        choose_likelihood(stack, None, spec.likelihood, None, spec.likelihood_params)
     points = torch.cat([*(g.inducing.reshape(-1, g.inducing.shape[-1]) for g in
                           (stack.groups if stack is not None else ())),
                         *([raw_X] if raw_X is not None else [])])

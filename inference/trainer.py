@@ -285,8 +285,7 @@ def _check_finite(losses: torch.Tensor, step: int, loss_fn: Callable[[], torch.T
         except CholeskyError as error:
             raise CholeskyError(f"{error} (at step {first} of the fit; try a smaller learning "
                                 "rate)") from None
-    raise FloatingPointError(f"the loss became {losses[first - 1].item()} at step {first}; try a "
-                             "smaller learning rate")
+    raise _non_finite(losses[first - 1].item(), first)
 
 
 def _raise_if_not_finite(loss_fn: Callable[[], torch.Tensor], step: int) -> None:
@@ -296,8 +295,12 @@ def _raise_if_not_finite(loss_fn: Callable[[], torch.Tensor], step: int) -> None
         warnings.simplefilter("ignore")  # Pyro's "Encountered NaN": the error below says it
         loss = loss_fn()
     if not bool(torch.isfinite(loss)):
-        raise FloatingPointError(f"the loss became {loss.item()} at step {step}; try a smaller "
-                                 "learning rate") from None
+        raise _non_finite(loss.item(), step) from None
+
+
+def _non_finite(loss: float, step: int) -> FloatingPointError:
+    return FloatingPointError(f"the loss became {loss} at step {step}; try a smaller learning "
+                              "rate")
 
 
 # Checkpoints --------------------------------------------------------------------------------

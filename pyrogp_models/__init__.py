@@ -26,6 +26,7 @@ from pyrogp_models.errors import (
     CholeskyError,
     DataError,
     IncompatibleModulesError,
+    MixedLikelihoodsError,
     ModuleFileError,
     PyrogpError,
     UnboundedBoundError,
@@ -83,6 +84,6 @@ __all__ = [
     "Partition", "Standardisation", "Table", "load_banana", "load_sunspots", "load_table",
     "partition_by_label", "partition_contiguous", "partition_kmeans", "partition_random",
     # errors
-    "CholeskyError", "DataError", "IncompatibleModulesError", "ModuleFileError", "PyrogpError",
-    "UnboundedBoundError",
+    "CholeskyError", "DataError", "IncompatibleModulesError", "MixedLikelihoodsError",
+    "ModuleFileError", "PyrogpError", "UnboundedBoundError",
 ]

@@ -21,6 +21,16 @@ class IncompatibleModulesError(PyrogpError):
     """Modules that cannot be combined (different kernels, input dimensions, likelihoods, ...)."""
 
 
+class MixedLikelihoodsError(IncompatibleModulesError):
+    """Modules with different likelihoods (names or options) recycled without naming the one to
+    export. ``found`` describes what differs (e.g. "gaussian, poisson"), so that a front end can
+    word its own advice (the command line names its flag)."""
+
+    def __init__(self, message: str, found: str = ""):
+        super().__init__(message)
+        self.found = found
+
+
 class CholeskyError(PyrogpError):
     """A Cholesky factorisation failed even after adding the largest jitter."""
 

@@ -280,9 +280,9 @@ def restore_threads():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("place", ["before", "after"])
-def test_threads_is_applied_before_the_command_runs(capsys, monkeypatch, contiguous_modules,
-                                                    restore_threads, place):
+@pytest.fixture
+def threads_seen(monkeypatch) -> list[int]:
+    """The thread count ``pyrogp info`` runs with, recorded at each call."""
     import inference.commands.info as info_command
 
     seen = []
@@ -293,11 +293,17 @@ def test_threads_is_applied_before_the_command_runs(capsys, monkeypatch, contigu
         return real_run(args)
 
     monkeypatch.setattr(info_command, "run", recording_run)
+    return seen
+
+
+@pytest.mark.parametrize("place", ["before", "after"])
+def test_threads_is_applied_before_the_command_runs(capsys, contiguous_modules, restore_threads,
+                                                    threads_seen, place):
     wanted = 3 if torch.get_num_threads() != 3 else 2
     argv = (["--threads", wanted, "info", contiguous_modules] if place == "before"
             else ["info", contiguous_modules, "--threads", wanted])
     assert "part002" in run_ok(capsys, *argv)
-    assert seen == [wanted] and torch.get_num_threads() == wanted
+    assert threads_seen == [wanted] and torch.get_num_threads() == wanted
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
@@ -328,23 +334,13 @@ def test_the_installed_command_exits_with_one_line(tmp_path):
 
 @pytest.mark.parametrize("environment", [None, "2"])
 def test_one_thread_unless_asked(capsys, monkeypatch, contiguous_modules, restore_threads,
-                                 environment):
+                                 threads_seen, environment):
     """Without --threads the command runs on one thread; OMP_NUM_THREADS leaves torch's choice."""
-    import inference.commands.info as info_command
-
-    seen = []
-    real_run = info_command.run
-
-    def recording_run(args):
-        seen.append(torch.get_num_threads())
-        return real_run(args)
-
-    monkeypatch.setattr(info_command, "run", recording_run)
     if environment is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", environment)
     torch.set_num_threads(2)
     assert "part002" in run_ok(capsys, "info", contiguous_modules)
-    assert seen == [1 if environment is None else 2]
+    assert threads_seen == [1 if environment is None else 2]
     assert "--threads N" in run_ok(capsys, "--help")

@@ -234,12 +234,18 @@ def test_recycle_target_reads_another_column_of_the_raw_data(capsys, folder, dat
     assert error["raw"] < 0.2 < error["none"]
 
 
-def test_recycle_likelihood_names_the_saved_likelihood(capsys, folder, data_csv):
-    run_ok(capsys, *fit_args(data_csv, "y", folder / "gauss_m", "--inducing", 5))
-    modules = load_modules(folder / "gauss_m")
+def mixed_likelihood_folder(capsys, folder, data_csv, name: str) -> dict:
+    """A folder of Gaussian modules in which part001 claims a Poisson likelihood; its modules."""
+    run_ok(capsys, *fit_args(data_csv, "y", folder / f"gauss_{name}", "--inducing", 5))
+    modules = load_modules(folder / f"gauss_{name}")
     modules["part001"] = replace(modules["part001"], likelihood_name="poisson",
                                  likelihood_params={})
-    save_modules(modules, folder / "mixed")
+    save_modules(modules, folder / name)
+    return modules
+
+
+def test_recycle_likelihood_names_the_saved_likelihood(capsys, folder, data_csv):
+    modules = mixed_likelihood_folder(capsys, folder, data_csv, "mixed")
     raw = write_csv(folder / "raw_mixed.csv", {"x": np.linspace(0, 1, 5), "y": np.zeros(5)})
     message = run_failing(capsys, "recycle", folder / "mixed", "--data", raw, "--inducing", 6,
                           "--out", folder / "never")
@@ -259,11 +265,7 @@ def test_recycle_likelihood_names_the_saved_likelihood(capsys, folder, data_csv)
 
 
 def test_recycle_of_mixed_likelihoods_names_the_flag(capsys, folder, data_csv):
-    run_ok(capsys, *fit_args(data_csv, "y", folder / "gauss_x", "--inducing", 5))
-    modules = load_modules(folder / "gauss_x")
-    modules["part001"] = replace(modules["part001"], likelihood_name="poisson",
-                                 likelihood_params={})
-    save_modules(modules, folder / "mixed_x")
+    mixed_likelihood_folder(capsys, folder, data_csv, "mixed_x")
     message = run_failing(capsys, "recycle", folder / "mixed_x", "--inducing", 6,
                           "--out", folder / "never_x")
     assert "different likelihoods" in message and "--likelihood" in message

@@ -134,12 +134,18 @@ def test_in_process_is_the_default(data, uneven_partition):
     assert hasattr(fit, "model")
 
 
-def test_cli_on_a_running_scheduler_matches_the_in_process_cli(client, tmp_path, data):
+def fit_local_command(tmp_path, data) -> list[str]:
+    """``pyrogp fit-local`` of ``data`` written to a CSV, without ``--out``."""
     X, y = data
     path = tmp_path / "data.csv"
     np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="x1,x2,y", comments="")
-    common = ["fit-local", str(path), "--target", "y", "--partitions", "4", "--partition-by",
-              "contiguous", "--inducing", "5", "--seed", "2"]
+    return ["fit-local", str(path), "--target", "y", "--partitions", "4", "--partition-by",
+            "contiguous", "--inducing", "5", "--seed", "2"]
+
+
+def test_cli_on_a_running_scheduler_matches_the_in_process_cli(client, tmp_path, data):
+    X, y = data
+    common = fit_local_command(tmp_path, data)
     assert main([*common, "--out", str(tmp_path / "local")]) == 0
     address = client.scheduler.address
     assert main([*common, "--scheduler", address, "--out", str(tmp_path / "dask")]) == 0
@@ -167,10 +173,7 @@ def test_cli_workers_runs_an_embedded_cluster(capsys, tmp_path, data, monkeypatc
 
     monkeypatch.setattr(executors, "dask_client", recording_client)
     X, y = data
-    path = tmp_path / "data.csv"
-    np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="x1,x2,y", comments="")
-    common = ["fit-local", str(path), "--target", "y", "--partitions", "4", "--partition-by",
-              "contiguous", "--inducing", "5", "--seed", "2"]
+    common = fit_local_command(tmp_path, data)
     assert main([*common, "--out", str(tmp_path / "local")]) == 0
     capsys.readouterr()
     assert main([*common, "--workers", "2", "--out", str(tmp_path / "workers")]) == 0

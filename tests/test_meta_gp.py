@@ -16,7 +16,11 @@ from inference.recycling import RawData, RecycleSpec, recycle
 from inference.trainer import TrainConfig, train
 from pyrogp_models.data import Standardisation, load_sunspots
 from pyrogp_models.data.partitioners import Partition, partition_contiguous
-from pyrogp_models.errors import IncompatibleModulesError, UnboundedBoundError
+from pyrogp_models.errors import (
+    IncompatibleModulesError,
+    MixedLikelihoodsError,
+    UnboundedBoundError,
+)
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.kernels import Stationary, stationary_covariance
 from pyrogp_models.likelihoods import make_likelihood
@@ -577,6 +581,17 @@ def test_exported_likelihood_rule(single_module):
     exported = mixed.to_module(likelihood="bernoulli")
     assert exported.likelihood_options == {"link": "probit"}
     assert exported.info["likelihood_source"] == "user"
+
+
+def test_recycling_mixed_likelihoods_is_refused_before_training(single_module, monkeypatch):
+    import inference.recycling as recycling
+
+    classifier = replace(single_module, likelihood_name="bernoulli",
+                         likelihood_options={"link": "probit"}, likelihood_params={})
+    monkeypatch.setattr(recycling, "_train_if_trainable", lambda *args: pytest.fail("trained"))
+    with pytest.raises(MixedLikelihoodsError, match="different likelihoods") as error:
+        recycling.recycle({"a": single_module, "c": classifier}, RecycleSpec(num_inducing=4))
+    assert error.value.found == "bernoulli, gaussian"
 
 
 # Heterogeneous modules ----------------------------------------------------------------------------

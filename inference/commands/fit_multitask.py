@@ -28,21 +28,12 @@ from pyrogp_models.data import load_table
 from pyrogp_models.errors import DataError
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.multitask import MultitaskOptions
+from pyrogp_models.models.multitask.families import SUMMARIES
 from pyrogp_models.models.multitask.files import FORMAT, save_multitask
 
 NAME = "fit-multitask"
 HELP = "fit a multitask (deep) GP on several tasks and save it as one file"
 
-#: One line per model kind (Boustati, Damoulas & Savage, "Non-linear Multitask Learning with
-#: Deep Gaussian Processes", Sec. 2.3 and 4).
-MODEL_SUMMARIES = {
-    "smdgp": "shared multitask DGP: shared latent processes, an ARD GP per task on top",
-    "mmdgp": "multiprocess multitask DGP: shared + private latent processes, an ARD GP per task",
-    "cmdgp": "coregionalised multitask DGP: task-mixed shared latents, one coregionalised GP",
-    "idgp": "independent 2-layer deep GPs, one per task (baseline)",
-    "igp": "independent sparse GPs, one per task (baseline)",
-    "cgp": "one coregionalised (ICM) sparse GP over all tasks (baseline)",
-}
 LIKELIHOOD_NAMES = ("gaussian", "bernoulli", "categorical")
 #: Which kinds take --shared and --private, and the option each sets.
 WIDTH_OPTIONS = {"--shared": {"smdgp": "shared_width", "mmdgp": "shared_width",
@@ -55,7 +46,7 @@ DEFAULT_TRAINING = TrainConfig()
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "models:\n" + "\n".join(f"  {kind:<6}  {summary}"
-                                            for kind, summary in MODEL_SUMMARIES.items())
+                                            for kind, summary in SUMMARIES.items())
     parser.add_argument("data", metavar="DATA", type=Path, help="CSV (with header) or .npz")
     parser.add_argument("--target", required=True, nargs="+", metavar="COL",
                         help="the target column (long form, with --task-column), or one column "
@@ -64,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the column naming each row's task (long form)")
     parser.add_argument("--features", help="comma-separated feature columns (default: every "
                                            "column but the target(s) and the task column)")
-    parser.add_argument("--model", default="smdgp", choices=list(MODEL_SUMMARIES),
+    parser.add_argument("--model", default="smdgp", choices=list(SUMMARIES),
                         help="the model, see below (default: smdgp)")
     parser.add_argument("--likelihood", default="gaussian", choices=LIKELIHOOD_NAMES,
                         help="observation model of every task (default: gaussian)")

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from inference.commands.common import MAX_ROWS, describe_rule, report_modules
-from inference.commands.fit_multitask import MODEL_SUMMARIES
 from inference.tables import format_number, format_table
 from pyrogp_models.models.distributed_kernel.files import is_distributed_kernel_file
 from pyrogp_models.models.multitask import MultitaskPredictor
+from pyrogp_models.models.multitask.families import SUMMARIES
 from pyrogp_models.models.multitask.files import is_multitask_file, load_multitask
 from pyrogp_models.models.multitask.outputs import CoregionalisedGP
 from pyrogp_models.modules.files import load_modules_from, partition_rule, resolve_path
@@ -83,7 +83,7 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
     likelihood = model.likelihood
     options = ", ".join(f"{key}={value}" for key, value in likelihood.options().items())
     features = info.get("features") or [f"x{d}" for d in range(model.input_dim)]
-    lines = [f"multitask model: {model.kind} ({MODEL_SUMMARIES[model.kind]})",
+    lines = [f"multitask model: {model.kind} ({SUMMARIES[model.kind]})",
              f"{model.num_tasks} tasks, {model.input_dim} input{'s' * (model.input_dim > 1)} "
              f"({', '.join(features)}); "
              f"likelihood {likelihood.name}" + (f" ({options})" if options else ""),

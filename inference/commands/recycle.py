@@ -22,7 +22,12 @@ from inference.recycling import (
     uses_collapsed_bound,
 )
 from pyrogp_models.data import load_table, require_finite
-from pyrogp_models.errors import DataError, IncompatibleModulesError, UnboundedBoundError
+from pyrogp_models.errors import (
+    DataError,
+    IncompatibleModulesError,
+    MixedLikelihoodsError,
+    UnboundedBoundError,
+)
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning, describe_unbounded
 from pyrogp_models.modules.files import (
@@ -84,8 +89,6 @@ def run(args: argparse.Namespace) -> int:
     modules = _load_all(args.paths)
     columns = _shared_columns(modules)
     raw = _raw_data(args, modules, columns.get("target")) if args.data is not None else None
-    if args.likelihood is None and raw is None:
-        _check_one_likelihood(modules)
     spec = RecycleSpec(num_inducing=args.inducing,
                        collapsed=True if args.collapsed else False if args.uncollapsed else None,
                        on_unbounded="warn" if args.on_unbounded == "warn" else "raise",
@@ -111,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
                       "the global kernel moved away from the modules'")
             raise UnboundedBoundError(describe_unbounded(error.smallest, error.modules) + advice,
                                       error.smallest, error.modules) from error
+        except MixedLikelihoodsError as error:
+            raise MixedLikelihoodsError(f"the modules have different likelihoods ({error.found}); "
+                                        "name the meta-GP's with --likelihood", error.found
+                                        ) from error
         _report_warnings(caught)
     meta, result = fit.model, fit.result
     module = replace(fit.module, info={**fit.module.info, **columns})
@@ -186,17 +193,6 @@ def _shared_columns(modules: dict[str, Module]) -> dict:
         return {}
     features, target = next(iter(recorded.values()))
     return {"features": features, "target": target}
-
-
-def _check_one_likelihood(modules: dict[str, Module]) -> None:
-    """Before training: the saved meta-GP needs one likelihood; modules that differ name it by
-    the flag (the library's own message speaks of its Python argument)."""
-    names = sorted({m.likelihood_name for m in modules.values()})
-    options = {repr(sorted(m.likelihood_options.items())) for m in modules.values()}
-    if len(names) > 1 or len(options) > 1:
-        found = ", ".join(names) if len(names) > 1 else f"{names[0]} with different options"
-        raise DataError(f"the modules have different likelihoods ({found}); name the meta-GP's "
-                        "with --likelihood")
 
 
 def _raw_data(args: argparse.Namespace, modules: dict[str, Module], target: str | None

@@ -52,7 +52,7 @@ import torch
 from pyro.nn import PyroModule, pyro_method
 
 from pyrogp_models.data import Standardisation
-from pyrogp_models.errors import IncompatibleModulesError
+from pyrogp_models.errors import IncompatibleModulesError, MixedLikelihoodsError
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.gaussian.expectations import (
     ContrastiveQuadratic,
@@ -431,10 +431,11 @@ def choose_likelihood(stack: ModuleStack | None, raw_likelihood: Likelihood | No
     elif name is None:
         kinds = {(m.likelihood_name, repr(sorted(m.likelihood_options.items()))) for m in members}
         if len(kinds) > 1:
-            found = sorted({m.likelihood_name for m in members})
-            raise IncompatibleModulesError(
-                f"the modules have different likelihoods ({', '.join(found)}); name the one to "
-                "export (e.g. likelihood='gaussian')")
+            names = sorted({m.likelihood_name for m in members})
+            found = ", ".join(names) if len(names) > 1 else f"{names[0]} with different options"
+            raise MixedLikelihoodsError(
+                f"the modules have different likelihoods ({found}); name the one to export "
+                "(e.g. likelihood='gaussian')", found)
         name, source = members[0].likelihood_name, "modules"
     else:
         source = "user"

@@ -30,6 +30,17 @@ from pyrogp_models.models.multitask.processes import (
     ProcessBlock,
 )
 
+#: One line per model kind (Boustati, Damoulas & Savage, "Non-linear Multitask Learning with
+#: Deep Gaussian Processes", Sec. 2.3 and 4).
+SUMMARIES = {
+    "smdgp": "shared multitask DGP: shared latent processes, an ARD GP per task on top",
+    "mmdgp": "multiprocess multitask DGP: shared + private latent processes, an ARD GP per task",
+    "cmdgp": "coregionalised multitask DGP: task-mixed shared latents, one coregionalised GP",
+    "idgp": "independent 2-layer deep GPs, one per task (baseline)",
+    "igp": "independent sparse GPs, one per task (baseline)",
+    "cgp": "one coregionalised (ICM) sparse GP over all tasks (baseline)",
+}
+
 
 class _Layers:
     """Builders of the layers from resolved options and an initialisation."""
