@@ -21,7 +21,11 @@ non-finite loss stops the fit with one line naming the cause. (L-BFGS's line sea
 losses on the host by design.)
 
 Convergence: stop when the mean loss of the last ``window`` steps differs from that of the window
-before by less than ``tol`` relative. ``time_budget`` stops after that many seconds. Checkpoints
+before by less than ``tol`` relative. Independent members under the batched L-BFGS are judged
+one by one: first on the change of their own objective over a window, then — once every member
+has passed that — on their objective evaluated precisely (``member_objectives(precise=True)``),
+until each is pinned at its optimum to rounding (:meth:`inference.batched_lbfgs.BatchedLBFGS.
+pinned`), so that a partition's module does not depend on which others shared its batch. ``time_budget`` stops after that many seconds. Checkpoints
 (safetensors + JSON, written atomically) hold the parameters, the optimiser state, the step, the
 loss history and the random state — never data (models register their data as non-persistent
 buffers) — so a fit resumes exactly where it stopped.
@@ -140,14 +144,19 @@ def _relative_change(losses: torch.Tensor, step: int, window: int, noisy: bool =
     return change / recent.mean().abs().clamp_min(1.0)
 
 
-class _MemberChanges:
-    """Per-member relative change of a batched L-BFGS's objectives between window ends."""
+class _MemberConvergence:
+    """Per-member convergence of a batched L-BFGS's objectives, judged at window ends: first the
+    relative change of each member's objective since the last judgement; once every member has
+    passed that, the objectives evaluated precisely, until each is pinned at its optimum."""
 
-    def __init__(self, optimizer: BatchedLBFGS):
+    def __init__(self, optimizer: BatchedLBFGS, module):
         self.optimizer = optimizer
+        self.module = module
         self.previous: torch.Tensor | None = None
+        self.refining = False
+        self.finished = False
 
-    def __call__(self) -> torch.Tensor:
+    def change(self) -> torch.Tensor:
         """The change since the last call; members frozen earlier count as converged."""
         now = torch.cat(self.optimizer.member_values())
         frozen = ~torch.cat([block.active for block in self.optimizer.blocks])
@@ -155,6 +164,19 @@ class _MemberChanges:
                   else (now - self.previous).abs() / now.abs().clamp_min(1.0))
         self.previous = now
         return torch.where(frozen, 0.0, change)
+
+    def judge(self, change: torch.Tensor, tol: float | None) -> torch.Tensor:
+        """Which members have converged (they are frozen); sets ``finished`` when all are
+        pinned. Without ``tol`` only members that stopped moving are frozen."""
+        converged = self.optimizer.pinned() if self.refining else change <= (tol or 0.0)
+        self.optimizer.freeze(converged)
+        if tol is not None and bool(converged.all()):
+            if self.refining:
+                self.finished = True
+            else:
+                self.optimizer.refine(self.module.member_objectives(precise=True))
+                self.refining = True
+        return converged
 
 
 def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
@@ -196,7 +218,8 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     losses[:start] = torch.as_tensor(result.losses[:start], dtype=losses.dtype)
     bar = tqdm(total=config.steps, initial=start, disable=not config.progress, desc="fit",
                leave=False)
-    members = _MemberChanges(optimizer) if isinstance(optimizer, BatchedLBFGS) else None
+    members = (_MemberConvergence(optimizer, module) if isinstance(optimizer, BatchedLBFGS)
+               else None)
     noisy = bool(getattr(module, "noisy_objective", False))
     step, began = start, time.perf_counter()
     try:
@@ -226,14 +249,13 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                 if step % config.window == 0 or step == config.steps or out_of_time:
                     _check_finite(losses, step, loss_fn)
                     bar.set_postfix(loss=f"{losses[step - 1].item():.4g}")
-                    change = (members() if members is not None
+                    change = (members.change() if members is not None
                               else _relative_change(losses, step, config.window, noisy))
                     result.change = float(change.max())
                     if members is not None:
-                        converged = change <= (config.tol or 0.0)
-                        optimizer.freeze(converged)
-                        result.member_converged = converged.tolist()
-                    if config.tol is not None and result.change <= config.tol:
+                        result.member_converged = members.judge(change, config.tol).tolist()
+                    if config.tol is not None and (members.finished if members is not None
+                                                   else result.change <= config.tol):
                         result.converged = True
                         break
                 if config.checkpoint and step % config.checkpoint_every == 0:

@@ -186,10 +186,10 @@ class LocalGPs(PyroModule):
         for group in self.groups:
             group.predictive_guide()
 
-    def member_objectives(self) -> list:
+    def member_objectives(self, precise: bool = False) -> list:
         """Every group's (parameters, −objective [K_g]) (see
         :meth:`~pyrogp_models.models.local.svgp.BatchedSVGP.member_objectives`)."""
-        return [block for group in self.groups for block in group.member_objectives()]
+        return [block for group in self.groups for block in group.member_objectives(precise)]
 
     # Results ----------------------------------------------------------------------------------
     @torch.no_grad()

@@ -195,27 +195,34 @@ class BatchedSVGP(OneLayer, PyroModule):
         X, y, mask = self._data(X, y, mask)
         return self.expected_log_lik(X, y, mask.to(X.dtype), inverse_form=False) - self.kl()
 
-    def data_term(self, offset: torch.Tensor | None = None) -> torch.Tensor:
+    def data_term(self, offset: torch.Tensor | None = None, precise: bool = False
+                  ) -> torch.Tensor:
         """Σ_i E_q[log p(y_i | f_i + offset_i)] per partition [K], estimated on a minibatch of
-        ``batch_size`` points per partition when one is set."""
+        ``batch_size`` points per partition when one is set; ``precise``: never in the inverse
+        form."""
         X, y, weights, index = minibatch(self.data_X, self.data_y, self.data_mask,
                                          self.batch_size)
         if offset is not None and index is not None:
             offset = offset.gather(1, index)
-        return self.expected_log_lik(X, y, weights, offset=offset)
+        return self.expected_log_lik(X, y, weights, inverse_form=False if precise else None,
+                                     offset=offset)
 
-    def objective(self, offset: torch.Tensor | None = None) -> torch.Tensor:
-        """What training maximises, per partition [K]: the collapsed bound, or the ELBO."""
+    def objective(self, offset: torch.Tensor | None = None, precise: bool = False
+                  ) -> torch.Tensor:
+        """What training maximises, per partition [K]: the collapsed bound, or the ELBO.
+        ``precise`` evaluates it to rounding (not in the faster inverse form, whose value and
+        gradient carry errors of about cond(K_zz)·ε)."""
         if self.collapsed:
             targets = self.data_y if offset is None else self.data_y - offset
-            return collapsed.collapsed_bound(self, self.data_X, targets, self.data_mask)
-        return self.data_term(offset) - self.kl()
+            return collapsed.collapsed_bound(self, self.data_X, targets, self.data_mask,
+                                             inverse_form=False if precise else None)
+        return self.data_term(offset, precise) - self.kl()
 
-    def member_objectives(self) -> list:
+    def member_objectives(self, precise: bool = False) -> list:
         """(parameters, −objective [K]): the K partitions are independent members, so an
         optimiser may keep one memory and one step length per partition."""
         return [([p for p in self.parameters() if p.requires_grad],
-                 lambda: -self.objective())]
+                 lambda: -self.objective(precise=precise))]
 
     def _data(self, X, y, mask):
         if X is not None:
