@@ -25,7 +25,8 @@ before by less than ``tol`` relative. Independent members under the batched L-BF
 one by one: first on the change of their own objective over a window, then — once every member
 has passed that — on their objective evaluated precisely (``member_objectives(precise=True)``),
 until each is pinned at its optimum to rounding (:meth:`inference.batched_lbfgs.BatchedLBFGS.
-pinned`), so that a partition's module does not depend on which others shared its batch. ``time_budget`` stops after that many seconds. Checkpoints
+pinned`), so that a partition's module does not depend on which others shared its batch.
+``time_budget`` stops after that many seconds. Checkpoints
 (safetensors + JSON, written atomically) hold the parameters, the optimiser state, the step, the
 loss history and the random state — never data (models register their data as non-persistent
 buffers) — so a fit resumes exactly where it stopped.
