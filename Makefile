@@ -21,7 +21,7 @@ test: venv
 	$(BIN)/ruff check .
 
 demo: venv
-	$(BIN)/python -m inference.demo
+	$(BIN)/python -m pyrogp_models.inference.demo
 
 # The site in docs/_build/html, rebuilt from scratch; a warning (a broken cross-reference, a public
 # symbol without a docstring, a notebook that does not render) fails the build.

@@ -70,8 +70,8 @@ def write_data(folder: Path, s: Settings) -> tuple[Path, Path]:
 def pyrogp(*args) -> tuple[float, str, str]:
     """Run one ``pyrogp`` command in a fresh process; its wall seconds, stdout and stderr."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "inference.cli", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "pyrogp_models.inference.cli", *map(str, args)],
+                          cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"pyrogp {' '.join(map(str, args))} failed:\n{done.stderr}")
@@ -140,8 +140,8 @@ def main() -> None:
         "outputs": {"fit_local": fit_out.strip().splitlines()[-1],
                     "recycle": recycle_out.strip().splitlines()[-1],
                     "full_svgp": full_out.strip().splitlines()[-1]},
-        "notes": ["Every stage is a fresh `python -m inference.cli` process (import time "
-                  "included), with the command line's defaults and no tuning flag.",
+        "notes": ["Every stage is a fresh `python -m pyrogp_models.inference.cli` process "
+                  "(import time included), with the command line's defaults and no tuning flag.",
                   "The evaluate time is the mean of the two evaluate calls."],
     }
     print(f"JSON written to {write_json(out, payload)}")

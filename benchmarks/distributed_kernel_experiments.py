@@ -41,11 +41,11 @@ from _common import (  # noqa: E402
     markdown_table,
     write_json,
 )
-
-from inference.distributed_kernel_fit import (  # noqa: E402
+from pyrogp_models.inference.distributed_kernel_fit import (  # noqa: E402
     DEFAULT_TRAIN_CONFIG,
     train_distributed_kernel,
 )
+
 from pyrogp_models.data import load_sunspots  # noqa: E402
 from pyrogp_models.kernels import RBF, stationary_covariance  # noqa: E402
 from pyrogp_models.likelihoods import make_likelihood  # noqa: E402

@@ -54,8 +54,8 @@ from _common import (  # noqa: E402
     print_table,
     write_json,
 )
+from pyrogp_models.inference.experts_fit import fit_exact_experts  # noqa: E402
 
-from inference.experts_fit import fit_exact_experts  # noqa: E402
 from pyrogp_models.data.partitioners import partition_random  # noqa: E402
 from pyrogp_models.models.experts import ExpertCombination, ModuleExperts  # noqa: E402
 

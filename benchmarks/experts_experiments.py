@@ -50,11 +50,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import RESULTS_DIR, agg_pyplot, load_average, machine_info, write_json  # noqa: E402
+from pyrogp_models.inference.experts_fit import DEFAULT_TRAIN_CONFIG, ExpertsSpec, fit_exact_experts  # noqa: E402
+from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local  # noqa: E402
+from pyrogp_models.inference.metrics import accuracy, nlpd, rmse  # noqa: E402
+from pyrogp_models.inference.trainer import TrainConfig  # noqa: E402
 
-from inference.experts_fit import DEFAULT_TRAIN_CONFIG, ExpertsSpec, fit_exact_experts  # noqa: E402
-from inference.local_fit import LocalFitSpec, default_config, fit_local  # noqa: E402
-from inference.metrics import accuracy, nlpd, rmse  # noqa: E402
-from inference.trainer import TrainConfig  # noqa: E402
 from pyrogp_models.data import Standardisation, load_banana, load_sunspots  # noqa: E402
 from pyrogp_models.data.partitioners import (  # noqa: E402
     partition_contiguous,

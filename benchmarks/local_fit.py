@@ -14,7 +14,7 @@ likelihood, float64 (full mode: K ∈ {10, 100, 1000}, N_k = 200, M_k = 8). Thre
    learn_inducing_locations=True)`` + ``ScaleKernel(RBFKernel(batch_shape=[K]))`` +
    ``GaussianLikelihood(batch_shape=[K])`` + ``VariationalELBO``, Adam), same data, dtype, M,
    full batch and initial values; forward + backward + step. Ours is timed through
-   ``inference.trainer.train`` (n steps per call: its Pyro objective and Adam),
+   ``pyrogp_models.inference.trainer.train`` (n steps per call: its Pyro objective and Adam),
    GPyTorch through its standard loop; the two interleaved round by round, medians over rounds.
 3. **Time to converge** (K = ``converge_k``, tolerance ``rtol``) — the defaults against the
    other recipes on the same partitions, all judged against ONE reference per partition: the
@@ -65,8 +65,7 @@ from _common import (  # noqa: E402
     print_table,
     write_json,
 )
-
-from inference.local_fit import (  # noqa: E402
+from pyrogp_models.inference.local_fit import (  # noqa: E402
     UNCOLLAPSED_CONFIG,
     LocalFitSpec,
     default_config,
@@ -74,8 +73,9 @@ from inference.local_fit import (  # noqa: E402
     model_inputs,
     seeded_generator,
 )
-from inference.natural_gradient import NaturalGradient  # noqa: E402
-from inference.trainer import TrainConfig, train  # noqa: E402
+from pyrogp_models.inference.natural_gradient import NaturalGradient  # noqa: E402
+from pyrogp_models.inference.trainer import TrainConfig, train  # noqa: E402
+
 from pyrogp_models.data.partitioners import Partition, partition_contiguous, partition_random  # noqa: E402
 from pyrogp_models.errors import NotConvergedWarning  # noqa: E402
 from pyrogp_models.models.local.local_gps import LocalGPs  # noqa: E402
@@ -164,8 +164,8 @@ def build_model(X, y, partition, spec: LocalFitSpec, seed: int) -> LocalGPs:
 
 
 def trainer_stepper(model: LocalGPs, lr: float, natural_gradient: float | None = None):
-    """One step as :func:`inference.trainer.train` takes it (Pyro's TraceMeanField ELBO of
-    model/guide, Adam; with ``natural_gradient`` = γ, a natural-gradient step on q(u) first
+    """One step as :func:`pyrogp_models.inference.trainer.train` takes it (Pyro's TraceMeanField
+    ELBO of model/guide, Adam; with ``natural_gradient`` = γ, a natural-gradient step on q(u) first
     (:class:`NaturalGradient`, the trainer's pre-step hook) and Adam on the other parameters).
     Returns (step, optimizer); step returns the loss."""
     elbo = TraceMeanField_ELBO()
@@ -563,9 +563,10 @@ def main(argv=None) -> dict:
                     "optimizer": f"Adam(lr={lr})", "ks": list(settings.ks)},
         "settings": asdict(settings),
         "notes": [
-            "ours: pyrogp_models LocalGPs; per-step times are inference.trainer.train(steps=n) "
-            "calls (its objective and Adam), GPyTorch: n steps of its standard loop; medians "
-            "over interleaved rounds. first_loss_*: −ELBO at the common initial point.",
+            "ours: pyrogp_models LocalGPs; per-step times are "
+            "pyrogp_models.inference.trainer.train(steps=n) calls (its objective and Adam), "
+            "GPyTorch: n steps of its standard loop; medians over interleaved rounds. "
+            "first_loss_*: −ELBO at the common initial point.",
         ],
     }
     print(f"local_fit benchmark ({mode}): torch {torch.__version__}, "

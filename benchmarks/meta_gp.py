@@ -62,10 +62,9 @@ from _common import (  # noqa: E402
     print_table,
     write_json,
 )
-
-from inference import metrics  # noqa: E402
-from inference.local_fit import LocalFit, LocalFitSpec, default_config, fit_local  # noqa: E402
-from inference.recycling import (  # noqa: E402
+from pyrogp_models.inference import metrics  # noqa: E402
+from pyrogp_models.inference.local_fit import LocalFit, LocalFitSpec, default_config, fit_local  # noqa: E402
+from pyrogp_models.inference.recycling import (  # noqa: E402
     COLLAPSED_CONFIG,
     UNCOLLAPSED_CONFIG,
     Recycled,
@@ -74,6 +73,7 @@ from inference.recycling import (  # noqa: E402
     initial_inducing,
     recycle,
 )
+
 from pyrogp_models.data.partitioners import Partition  # noqa: E402
 from pyrogp_models.kernels import Stationary  # noqa: E402
 from pyrogp_models.models.experts import PRESETS, ExpertCombination, ModuleExperts, combine  # noqa: E402

@@ -47,17 +47,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import meta_gp as bench  # noqa: E402
 from _common import RESULTS_DIR, agg_pyplot, machine_info, markdown_table, write_json  # noqa: E402
-
-from inference import metrics  # noqa: E402
-from inference.local_fit import LocalFitSpec, default_config, fit_local  # noqa: E402
-from inference.recycling import (  # noqa: E402
+from pyrogp_models.inference import metrics  # noqa: E402
+from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local  # noqa: E402
+from pyrogp_models.inference.recycling import (  # noqa: E402
     COLLAPSED_CONFIG,
     UNCOLLAPSED_CONFIG,
     RecycleSpec,
     recycle,
     recycle_multioutput,
 )
-from inference.trainer import TrainConfig  # noqa: E402
+from pyrogp_models.inference.trainer import TrainConfig  # noqa: E402
+
 from pyrogp_models.data import Standardisation, load_banana, load_sunspots  # noqa: E402
 from pyrogp_models.data.partitioners import Partition, partition_by_label  # noqa: E402
 from pyrogp_models.errors import NotConvergedWarning, UnboundedBoundError  # noqa: E402
@@ -815,8 +815,8 @@ What the authors' code gets wrong and what is measured here instead:
 
 - **Bernoulli "nlpd"** (both repositories): one logsumexp over samples × test points gives
   log Σ_t p̂(y_t), not a mean NLPD, and higher is better for it. The banana 7.21 vs 7.29 claim is
-  reversed. Here: the mean per-point NLPD (`inference.metrics.nlpd`), with log Σ p shown next to
-  it for comparison.
+  reversed. Here: the mean per-point NLPD (`pyrogp_models.inference.metrics.nlpd`), with log Σ p
+  shown next to it for comparison.
 - **`solar.py` never appends the modules**: the ensemble is the prior, which is why the paper's
   rmse 1.17 is the zero predictor's 1.187. Here: the modules are recycled, and the zero predictor
   is a row of the table.

@@ -16,11 +16,11 @@ Three measurements, each a median over interleaved rounds (``_common.interleaved
    ``DeepGPLayer`` of W Matérn-5/2 ARD GPs with a linear mean, a last layer of T GPs, a
    ``MultitaskGaussianLikelihood``, ``DeepApproximateMLL(VariationalELBO)``, one sample) built
    to the same sizes: our sMDGP (the same architecture: shared processes, a GP per task) trained
-   by ``inference.trainer.train`` (Pyro's ``TraceMeanField_ELBO`` + Adam) against GPyTorch's
-   loop (its ELBO + Adam), with stacked minibatches of B rows (the paper's) and stratified ones
-   (B/T rows of every task: no padding in the per-task layout). GPyTorch's example is isotopic:
-   it evaluates all T outputs at every batch row. The ``isotopic batch`` row gives ours every
-   batch row in every task (B·T row–task pairs): the same observations, but our heterotopic
+   by ``pyrogp_models.inference.trainer.train`` (Pyro's ``TraceMeanField_ELBO`` + Adam) against
+   GPyTorch's loop (its ELBO + Adam), with stacked minibatches of B rows (the paper's) and
+   stratified ones (B/T rows of every task: no padding in the per-task layout). GPyTorch's example
+   is isotopic: it evaluates all T outputs at every batch row. The ``isotopic batch`` row gives ours
+   every batch row in every task (B·T row–task pairs): the same observations, but our heterotopic
    layout evaluates the shared processes once per pair, T times GPyTorch's hidden-layer work.
 3. **Cost in the number of tasks** T ∈ {2, 4, 7, 14} at a fixed N/T and B/T (rows per task) and
    M per task: one ELBO + gradient of sMDGP and iDGP, with the least-squares slope of time on T
@@ -58,8 +58,8 @@ from _common import (  # noqa: E402
     print_table,
     write_json,
 )
+from pyrogp_models.inference.trainer import TrainConfig, train  # noqa: E402
 
-from inference.trainer import TrainConfig, train  # noqa: E402
 from pyrogp_models.models.multitask import (  # noqa: E402
     MODELS,
     MultitaskGP,
@@ -306,9 +306,9 @@ def main(argv=None) -> dict:
             "elbo: one evaluation of MultitaskGP.elbo on a fresh minibatch and its backward "
             "pass, median over interleaved rounds; the paper's Table 5 is on another CPU and "
             "library (GPflow), so only orders of magnitude compare.",
-            "per step: inference.trainer.train(steps=n) (Pyro TraceMeanField_ELBO + Adam) "
-            "against n steps of GPyTorch's DeepGP loop (VariationalELBO + Adam), interleaved; "
-            "GPyTorch's example evaluates all T outputs at every batch row.",
+            "per step: pyrogp_models.inference.trainer.train(steps=n) (Pyro TraceMeanField_ELBO "
+            "+ Adam) against n steps of GPyTorch's DeepGP loop (VariationalELBO + Adam), "
+            "interleaved; GPyTorch's example evaluates all T outputs at every batch row.",
             "tasks: N/T and B/T fixed, M per task fixed; a shared process has M·T inducing "
             "inputs (the spec's stacking), so its cost grows faster than T by design.",
         ],

@@ -2,13 +2,13 @@
 Damoulas & Savage) on offline stand-ins: markdown tables and PNGs, mean ± s.e. over seeds.
 
 All six models of the paper's GP family — sMDGP, mMDGP, cMDGP (the multitask deep GPs), iDGP, iGP
-and cGP (ICM, rank 2; the toy adds rank 1) — are fitted by ``inference.fit_multitask_dgp``
-(inputs standardised over all tasks, Gaussian targets per task, k-means inducing inputs per
-task). Optimisers as in the paper: Adam (lr 0.01, S = 1) for the deep models; the shallow
-models by L-BFGS when their objective is deterministic (Gaussian, Bernoulli) and by Adam for the
-softmax (a Monte Carlo objective). Steps are cut to fit the whole run in about an hour: 5000
-Adam steps on the toy (the spec's protocol), 1000 elsewhere (the paper: 10000 to 20000), 100
-L-BFGS iterations. Initial lengthscales follow one rule instead of the paper's
+and cGP (ICM, rank 2; the toy adds rank 1) — are fitted by
+``pyrogp_models.inference.fit_multitask_dgp`` (inputs standardised over all tasks, Gaussian targets
+per task, k-means inducing inputs per task). Optimisers as in the paper: Adam (lr 0.01, S = 1) for
+the deep models; the shallow models by L-BFGS when their objective is deterministic (Gaussian,
+Bernoulli) and by Adam for the softmax (a Monte Carlo objective). Steps are cut to fit the whole run
+in about an hour: 5000 Adam steps on the toy (the spec's protocol), 1000 elsewhere (the paper: 10000
+to 20000), 100 L-BFGS iterations. Initial lengthscales follow one rule instead of the paper's
 per-dataset values (its App. B): √D on the D standardised inputs and √W on a W-wide latent space
 (distances between standardised points grow as √D); variances 1, private processes 0.5.
 
@@ -65,10 +65,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import RESULTS_DIR, agg_pyplot, machine_info, markdown_table, write_json  # noqa: E402
+from pyrogp_models.inference import metrics  # noqa: E402
+from pyrogp_models.inference.multitask_fit import MultitaskSpec, fit_multitask_dgp  # noqa: E402
+from pyrogp_models.inference.trainer import TrainConfig  # noqa: E402
 
-from inference import metrics  # noqa: E402
-from inference.multitask_fit import MultitaskSpec, fit_multitask_dgp  # noqa: E402
-from inference.trainer import TrainConfig  # noqa: E402
 from pyrogp_models.models.multitask import plot_ard_weights, toy_grid, toy_tasks  # noqa: E402
 
 MODELS = ("smdgp", "mmdgp", "cmdgp", "idgp", "igp", "cgp")

@@ -2,8 +2,8 @@
 
 The site is built offline: MathJax comes from the ``sphinx-mathjax-offline`` package and is copied
 into ``_static/mathjax``; notebooks are rendered from their stored outputs by myst-nb and never
-executed; the command-line page is generated from :func:`inference.cli.build_parser`. Local
-checks (missing docstrings, the changelog from ``git log``) live in ``_ext/pyrogp_docs.py``.
+executed; the command-line page is generated from :func:`pyrogp_models.inference.cli.build_parser`.
+Local checks (missing docstrings, the changelog from ``git log``) live in ``_ext/pyrogp_docs.py``.
 """
 
 import sys

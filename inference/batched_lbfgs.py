@@ -203,9 +203,9 @@ class MemberBlock:
 
 
 class BatchedLBFGS:
-    """The optimiser of :func:`inference.trainer.train` for models that declare independent
-    members (``batched_objectives()``: a list of (parameters, objective) pairs, one per block
-    of members). ``step()`` takes one iteration of every block and returns the summed f."""
+    """The optimiser of :func:`pyrogp_models.inference.trainer.train` for models that declare
+    independent members (``batched_objectives()``: a list of (parameters, objective) pairs, one per
+    block of members). ``step()`` takes one iteration of every block and returns the summed f."""
 
     def __init__(self, blocks: Sequence[tuple[Sequence[torch.nn.Parameter],
                                               Callable[[], torch.Tensor]]], history: int = HISTORY):

@@ -21,15 +21,15 @@ from pyrogp_models.errors import PyrogpError
 
 #: The command modules, in the order ``pyrogp --help`` lists them.
 COMMANDS = [
-    "inference.commands.fit_local",
-    "inference.commands.recycle",
-    "inference.commands.fit_distkernel",
-    "inference.commands.fit_experts",
-    "inference.commands.fit_multitask",
-    "inference.commands.info",
-    "inference.commands.predict",
-    "inference.commands.combine",
-    "inference.commands.evaluate",
+    "pyrogp_models.inference.commands.fit_local",
+    "pyrogp_models.inference.commands.recycle",
+    "pyrogp_models.inference.commands.fit_distkernel",
+    "pyrogp_models.inference.commands.fit_experts",
+    "pyrogp_models.inference.commands.fit_multitask",
+    "pyrogp_models.inference.commands.info",
+    "pyrogp_models.inference.commands.predict",
+    "pyrogp_models.inference.commands.combine",
+    "pyrogp_models.inference.commands.evaluate",
 ]
 
 #: Exceptions that describe bad input rather than a bug: reported in one line.

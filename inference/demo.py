@@ -9,7 +9,7 @@
    barycenter over a few temperatures; the one with the best validation NLPD is kept.
 
 It prints the test metrics of each model and draws ``pipeline.png``. Run
-``python -m inference.demo`` (``--fast`` for a smoke run of a few seconds).
+``python -m pyrogp_models.inference.demo`` (``--fast`` for a smoke run of a few seconds).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pyrogp_models.inference import local_fit, recycling
+from pyrogp_models.inference.commands.common import one_line_warnings, write_module_folder
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.metrics import regression_report
+from pyrogp_models.inference.recycling import RecycleSpec, recycle
+from pyrogp_models.inference.tables import format_table
+from pyrogp_models.inference.trainer import TrainConfig
 
-from inference import local_fit, recycling
-from inference.commands.common import one_line_warnings, write_module_folder
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.metrics import regression_report
-from inference.recycling import RecycleSpec, recycle
-from inference.tables import format_table
-from inference.trainer import TrainConfig
 from pyrogp_models.data import load_sunspots
 from pyrogp_models.data.partitioners import partition_contiguous, partition_random
 from pyrogp_models.models.experts import ExpertCombination, ModuleExperts

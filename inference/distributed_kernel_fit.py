@@ -5,7 +5,8 @@ with q solved in closed form (Gaussian likelihood, mean-field q).
 location–scale likelihoods), cuts one input into J regions at data quantiles (unless the spec
 gives its own regions), builds a :class:`~pyrogp_models.models.distributed_kernel.model.
 DistributedKernelGP` with the standardised data bound and trains it with
-:func:`inference.trainer.train`. Two schemes, both maximising the mean-field (or joint) ELBO:
+:func:`pyrogp_models.inference.trainer.train`. Two schemes, both maximising the mean-field (or
+joint) ELBO:
 
 - ``method="svi"``: Pyro's ``TraceMeanField_ELBO`` of ``model``/``guide`` over all parameters
   (q, Z, ℓ, σ_f², likelihood, cuts); any likelihood; minibatches via ``batch_size``.
@@ -28,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from pyrogp_models.inference.fit_result import Fit
+from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
 
-from inference.fit_result import Fit
-from inference.trainer import TrainConfig, TrainResult, train
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
@@ -117,8 +118,8 @@ class DistributedKernelSpec:
 
 @dataclass
 class DistributedKernelFit(Fit):
-    """:class:`~inference.fit_result.Fit` of a distributed-kernel GP: ``model`` is the trained
-    :class:`DistributedKernelGP` with its standardised data bound and ``predictor`` a
+    """:class:`~pyrogp_models.inference.fit_result.Fit` of a distributed-kernel GP: ``model`` is the
+    trained :class:`DistributedKernelGP` with its standardised data bound and ``predictor`` a
     :class:`DistributedKernelPredictor` of it."""
 
     model: DistributedKernelGP
@@ -126,8 +127,8 @@ class DistributedKernelFit(Fit):
 
 
 class ConjugateGradientSolve:
-    """A pre-step hook of :func:`inference.trainer.train`: q(v) of a mean-field Gaussian
-    :class:`DistributedKernelGP` moved towards its optimum for the current θ, Z and cuts by
+    """A pre-step hook of :func:`pyrogp_models.inference.trainer.train`: q(v) of a mean-field
+    Gaussian :class:`DistributedKernelGP` moved towards its optimum for the current θ, Z and cuts by
     ``iterations`` warm-started CG iterations (:func:`solve_meanfield`, unchecked: nothing is read
     back to the host). The projections it solves with are computed with gradients and kept for the
     step's loss (:meth:`DistributedKernelGP.keep_projections`), so a step projects the data once.

@@ -1,10 +1,10 @@
 """Where local fits run: in this process (one batched model) or on Dask distributed workers.
 
 :func:`fit_local_on` is the entry point. Without ``workers`` or ``scheduler`` it is
-:func:`inference.local_fit.fit_local`. Otherwise the partitions are cut into one contiguous chunk
-per worker (about equal numbers of points); each worker receives only its chunk's points and fits
-them as one batched model, returning module files as bytes, and the client reassembles the
-modules under the names and in the order of the global partition.
+:func:`pyrogp_models.inference.local_fit.fit_local`. Otherwise the partitions are cut into one
+contiguous chunk per worker (about equal numbers of points); each worker receives only its chunk's
+points and fits them as one batched model, returning module files as bytes, and the client
+reassembles the modules under the names and in the order of the global partition.
 
 Every chunk uses what the in-process fit would use: the standardisation of *all* the data (so the
 modules can be recycled together) and the initial inducing inputs, both computed here on the
@@ -25,8 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-
-from inference.local_fit import (
+from pyrogp_models.inference.local_fit import (
     LocalFit,
     LocalFitSpec,
     PartitionedData,
@@ -36,7 +35,8 @@ from inference.local_fit import (
     seeded_generator,
     train_local,
 )
-from inference.trainer import TrainConfig, TrainResult
+from pyrogp_models.inference.trainer import TrainConfig, TrainResult
+
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.errors import PyrogpError
@@ -133,8 +133,8 @@ def dask_client(workers: int | None = None, scheduler: str | None = None) -> Ite
 def fit_local_distributed(client, data: PartitionedData | tuple,
                           spec: LocalFitSpec | None = None, config: TrainConfig | None = None
                           ) -> DistributedFit:
-    """:func:`~inference.local_fit.fit_local` on the workers of a Dask ``client``, one chunk of
-    partitions per worker (see the module docstring)."""
+    """:func:`~pyrogp_models.inference.local_fit.fit_local` on the workers of a Dask ``client``, one
+    chunk of partitions per worker (see the module docstring)."""
     spec = spec or LocalFitSpec()
     partition = data[2]
     addresses = sorted(client.nthreads())

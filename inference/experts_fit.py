@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from pyrogp_models.inference.fit_result import Fit
+from pyrogp_models.inference.local_fit import LocalFitSpec, PartitionedData, model_inputs
+from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
 
-from inference.fit_result import Fit
-from inference.local_fit import LocalFitSpec, PartitionedData, model_inputs
-from inference.trainer import TrainConfig, TrainResult, train
 from pyrogp_models.models.experts.exact import ExactExperts
 from pyrogp_models.models.experts.predictor import ExpertCombination
 from pyrogp_models.modules.record import Module

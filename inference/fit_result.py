@@ -1,8 +1,9 @@
 """What every fit function of the library returns.
 
 ``fit_local``, ``recycle``, ``fit_exact_experts`` and ``fit_distributed_kernel`` (and the
-multitask fit) take data (or modules), a spec and a :class:`~inference.trainer.TrainConfig`, and
-return a :class:`Fit`: the trained Pyro model with its data bound, so that
+multitask fit) take data (or modules), a spec and a
+:class:`~pyrogp_models.inference.trainer.TrainConfig`, and return a :class:`Fit`: the trained Pyro
+model with its data bound, so that
 
     pyro.infer.SVI(fit.model.model, fit.model.guide, pyro.optim.Adam({"lr": 0.01}),
                    pyro.infer.TraceMeanField_ELBO()).step()
@@ -17,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyro.nn import PyroModule
+from pyrogp_models.inference.trainer import TrainResult
 
-from inference.trainer import TrainResult
 from pyrogp_models.data import Standardisation
 from pyrogp_models.modules.predictor import Predictor
 

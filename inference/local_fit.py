@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from pyrogp_models.inference.fit_result import Fit
+from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
 
-from inference.fit_result import Fit
-from inference.trainer import TrainConfig, TrainResult, train
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.likelihoods import LIKELIHOODS
@@ -31,8 +31,8 @@ from pyrogp_models.modules.routing import as_predictor
 #: The product-of-experts rule that combines modules of a random partition.
 RANDOM_PARTITION_RULE = "rbcm"
 #: Gaussian likelihoods: the collapsed bound, fitted by L-BFGS with one memory and one step
-#: length per partition (:mod:`inference.batched_lbfgs`); it stops when every partition's bound
-#: changes by less than 1e-6 (relative) over 10 iterations.
+#: length per partition (:mod:`pyrogp_models.inference.batched_lbfgs`); it stops when every
+#: partition's bound changes by less than 1e-6 (relative) over 10 iterations.
 COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, window=10, tol=1e-6)
 #: Other likelihoods (and the uncollapsed bound): a safeguarded unit natural-gradient step on
 #: every q(u) before each Adam step on the other parameters.

@@ -4,9 +4,9 @@ The data — a list of per-task pairs [(X^t, y^t)], a long-format triple (X, tas
 :class:`~pyrogp_models.models.multitask.TaskData` — are standardised (inputs over all tasks,
 Gaussian targets per task), the model named by ``spec.model`` is initialised from them
 (k-means inducing inputs per task, fixed linear inner means) and trained with the library's
-trainer (:func:`inference.trainer.train`). By default (:func:`default_config`) the deep models
-train by Adam, the paper's optimiser, judged converged when the change of their estimated ELBO
-is within its Monte Carlo noise; the single-layer baselines iGP and cGP add unit
+trainer (:func:`pyrogp_models.inference.trainer.train`). By default (:func:`default_config`) the
+deep models train by Adam, the paper's optimiser, judged converged when the change of their
+estimated ELBO is within its Monte Carlo noise; the single-layer baselines iGP and cGP add unit
 natural-gradient steps on q(u) (exact for a Gaussian iGP, safeguarded otherwise). The predictor
 works in data units and takes the task of every point as ``labels``.
 """
@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 import torch
+from pyrogp_models.inference.fit_result import Fit
+from pyrogp_models.inference.trainer import TrainConfig, train
 
-from inference.fit_result import Fit
-from inference.trainer import TrainConfig, train
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.models.multitask import (
     MultitaskOptions,

@@ -50,9 +50,9 @@ Objective = Callable[[], torch.Tensor] | None
 
 
 class NaturalGradient:
-    """A pre-step hook of :func:`inference.trainer.train`: one natural-gradient step of size
-    ``gamma`` on q(v) of every variational layer of ``module``; ``parameters`` are the ones it
-    moves (the optimiser takes the others)."""
+    """A pre-step hook of :func:`pyrogp_models.inference.trainer.train`: one natural-gradient step
+    of size ``gamma`` on q(v) of every variational layer of ``module``; ``parameters`` are the ones
+    it moves (the optimiser takes the others)."""
 
     def __init__(self, module: torch.nn.Module, gamma: float):
         if not 0.0 < gamma <= 1.0:

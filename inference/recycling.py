@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
+from pyrogp_models.inference.fit_result import Fit
+from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
 
-from inference.fit_result import Fit
-from inference.trainer import TrainConfig, TrainResult, train
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.inducing import grid_inducing
 from pyrogp_models.data.kmeans import kmeans
@@ -79,8 +79,8 @@ class RecycleSpec:
 
 
 #: The collapsed bound: L-BFGS with a backtracking line search that rejects non-finite trial
-#: points (:mod:`inference.batched_lbfgs`), stopping when the bound changes by less than 1e-6
-#: (relative) over 10 iterations, as the local fits do.
+#: points (:mod:`pyrogp_models.inference.batched_lbfgs`), stopping when the bound changes by less
+#: than 1e-6 (relative) over 10 iterations, as the local fits do.
 COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, window=10, tol=1e-6)
 #: The uncollapsed bound: a unit natural-gradient step on q(v) (exact for modules and Gaussian
 #: raw data, safeguarded otherwise) before each Adam step on the kernel and Z_*.

@@ -4,15 +4,17 @@ The loss is Pyro's ``TraceMeanField_ELBO`` (analytic KL terms) of a PyroModule's
 ``guide``, both called with no arguments (every model binds its data) unless ``args`` are given.
 Optimisers: Adam, or full-batch L-BFGS — for a model of independent members (the local GPs
 of K partitions: ``member_objectives()``) one memory and one step length per member
-(:mod:`inference.batched_lbfgs`), otherwise torch's L-BFGS with a strong-Wolfe line search.
+(:mod:`pyrogp_models.inference.batched_lbfgs`), otherwise torch's L-BFGS with a strong-Wolfe line
+search.
 
 Pre-step hooks run before every optimiser step and own some parameters, which the optimiser then
-leaves alone: a natural-gradient step on every q(u) (:class:`inference.natural_gradient.
-NaturalGradient`, from ``natural_gradient_lr``), or a closed-form solve for q (the distributed
-kernel's conjugate-gradient solve). The recorded loss is the one of the optimiser's step. The
-hooks run once more after the last step, so that what they own matches the final parameters: a
-q(u) set for the parameters before the last optimiser step can be far from optimal after it
-(with a small Gaussian noise σ², a 5 % move of the hyperparameters costs thousands of nats).
+leaves alone: a natural-gradient step on every q(u)
+(:class:`pyrogp_models.inference.natural_gradient.NaturalGradient`, from ``natural_gradient_lr``),
+or a closed-form solve for q (the distributed kernel's conjugate-gradient solve). The recorded loss
+is the one of the optimiser's step. The hooks run once more after the last step, so that what they
+own matches the final parameters: a q(u) set for the parameters before the last optimiser step can
+be far from optimal after it (with a small Gaussian noise σ², a 5 % move of the hyperparameters
+costs thousands of nats).
 
 No value is read back to the host inside a step: losses stay on the device and factorisations
 run under :func:`~pyrogp_models.gaussian.linalg.deferred_checks` (a failed Cholesky factor turns
@@ -24,12 +26,12 @@ Convergence: stop when the mean loss of the last ``window`` steps differs from t
 before by less than ``tol`` relative. Independent members under the batched L-BFGS are judged
 one by one: first on the change of their own objective over a window, then — once every member
 has passed that — on their objective evaluated precisely (``member_objectives(precise=True)``),
-until each is pinned at its optimum to rounding (:meth:`inference.batched_lbfgs.BatchedLBFGS.
-pinned`), so that a partition's module does not depend on which others shared its batch.
-``time_budget`` stops after that many seconds. Checkpoints
-(safetensors + JSON, written atomically) hold the parameters, the optimiser state, the step, the
-loss history and the random state — never data (models register their data as non-persistent
-buffers) — so a fit resumes exactly where it stopped.
+until each is pinned at its optimum to rounding
+(:meth:`pyrogp_models.inference.batched_lbfgs.BatchedLBFGS.pinned`), so that a partition's module
+does not depend on which others shared its batch. ``time_budget`` stops after that many seconds.
+Checkpoints (safetensors + JSON, written atomically) hold the parameters, the optimiser state, the
+step, the loss history and the random state — never data (models register their data as
+non-persistent buffers) — so a fit resumes exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -46,12 +48,12 @@ from typing import Protocol
 import pyro
 import torch
 from pyro.infer import TraceMeanField_ELBO
+from pyrogp_models.inference.batched_lbfgs import BatchedLBFGS
+from pyrogp_models.inference.natural_gradient import NaturalGradient
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 from tqdm import tqdm
 
-from inference.batched_lbfgs import BatchedLBFGS
-from inference.natural_gradient import NaturalGradient
 from pyrogp_models.errors import CholeskyError, NotConvergedWarning
 from pyrogp_models.gaussian.linalg import deferred_checks
 from pyrogp_models.modules.signed import atomic_write

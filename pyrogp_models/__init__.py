@@ -11,7 +11,7 @@ Layout: ``gaussian/`` (linear algebra, conditionals, KL, expectations) · ``kern
 ``likelihoods/`` · ``layers/`` · ``data/`` · ``modules/`` (the record, its files, stacks,
 routing, the predictor base) · ``models/`` (``local/``, ``meta/``, ``experts/``,
 ``distributed_kernel/``, ``multitask/``). Training, fitting, evaluation and the command line
-live in the ``inference`` package.
+live in ``pyrogp_models.inference`` (kept in ``inference/`` at the top of the repository).
 """
 
 from pyrogp_models.data import Standardisation, Table, load_banana, load_sunspots, load_table

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from pyrogp_models.inference.cli import main
 from safetensors.torch import load as load_safetensors
 
-from inference.cli import main
 from pyrogp_models.modules.signed import signed_bytes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,15 +8,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-
-from inference.batched_lbfgs import PINNED, BatchedLBFGS
-from inference.local_fit import (
+from pyrogp_models.inference.batched_lbfgs import PINNED, BatchedLBFGS
+from pyrogp_models.inference.local_fit import (
     LocalFitSpec,
     default_config,
     fit_local,
     model_inputs,
     seeded_generator,
 )
+
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.models.local.local_gps import initial_inducing
 

@@ -1,4 +1,4 @@
-"""The ``pyrogp`` command line, run in-process through ``inference.cli.main``."""
+"""The ``pyrogp`` command line, run in-process through ``pyrogp_models.inference.cli.main``."""
 
 import json
 import subprocess
@@ -8,9 +8,9 @@ import types
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.cli import main
 
 from helpers import constant_scores, gaussian_scores, run_failing, run_ok, write_csv
-from inference.cli import main
 from pyrogp_models.data import load_table
 from pyrogp_models.errors import DataError
 from pyrogp_models.modules.files import INDEX_NAME, load_modules, read_index
@@ -283,7 +283,7 @@ def restore_threads():
 @pytest.fixture
 def threads_seen(monkeypatch) -> list[int]:
     """The thread count ``pyrogp info`` runs with, recorded at each call."""
-    import inference.commands.info as info_command
+    import pyrogp_models.inference.commands.info as info_command
 
     seen = []
     real_run = info_command.run
@@ -323,8 +323,8 @@ def test_debug_shows_the_exception(tmp_path):
 
 def test_the_installed_command_exits_with_one_line(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "inference.cli", "evaluate", str(tmp_path / "no_modules"),
-         "--data", str(tmp_path / "data.csv")],
+        [sys.executable, "-m", "pyrogp_models.inference.cli", "evaluate",
+         str(tmp_path / "no_modules"), "--data", str(tmp_path / "data.csv")],
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stdout == ""

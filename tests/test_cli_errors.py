@@ -1,4 +1,5 @@
-"""Every one-line error of ``inference/commands/``: its message, exit code 2 and nothing written.
+"""Every one-line error of ``pyrogp_models.inference.commands``: its message, exit code 2 and
+nothing written.
 
 Each case runs one command that must fail at one raising site; the folder it could write into is
 compared before and after. (Errors covered with their messages elsewhere: test_cli.py,
@@ -9,9 +10,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from pyrogp_models.inference.cli import main
 
 from helpers import run_failing, write_csv
-from inference.cli import main
 from pyrogp_models.modules.files import load_modules, read_index, save_modules
 
 

@@ -11,12 +11,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.experts_fit import DEFAULT_TRAIN_CONFIG as EXPERTS_CONFIG
+from pyrogp_models.inference.experts_fit import ExpertsSpec, fit_exact_experts
+from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local
 from scipy import stats
 
 from helpers import constant_scores, run_failing, run_ok, write_csv
-from inference.experts_fit import DEFAULT_TRAIN_CONFIG as EXPERTS_CONFIG
-from inference.experts_fit import ExpertsSpec, fit_exact_experts
-from inference.local_fit import LocalFitSpec, default_config, fit_local
 from pyrogp_models.data import load_table
 from pyrogp_models.data.partitioners import partition_contiguous, partition_kmeans
 from pyrogp_models.errors import NotConvergedWarning

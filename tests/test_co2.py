@@ -13,9 +13,9 @@ import json
 
 import numpy as np
 import pytest
+from pyrogp_models.inference.health import module_flags
 
 from helpers import run_ok, write_csv
-from inference.health import module_flags
 from pyrogp_models.modules.files import load_modules
 
 statsmodels = pytest.importorskip("statsmodels.api")

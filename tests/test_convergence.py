@@ -10,8 +10,8 @@ import pyro
 import pytest
 import torch
 from pyro.nn import PyroModule, PyroParam
+from pyrogp_models.inference.trainer import TrainConfig, train
 
-from inference.trainer import TrainConfig, train
 from pyrogp_models.errors import NotConvergedWarning
 
 CONFIG = TrainConfig(lr=0.05, steps=2000, window=50, tol=1e-6)

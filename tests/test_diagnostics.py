@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.metrics import pit_uniformity
+from pyrogp_models.inference.trainer import TrainConfig
 
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.metrics import pit_uniformity
-from inference.trainer import TrainConfig
 from pyrogp_models import arviz_bridge
 from pyrogp_models.data.partitioners import partition_random
 

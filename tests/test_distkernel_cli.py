@@ -8,6 +8,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.cli import main
+from pyrogp_models.inference.distributed_kernel_fit import (
+    DistributedKernelSpec,
+    fit_distributed_kernel,
+)
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.trainer import TrainConfig
 
 from helpers import (
     constant_scores,
@@ -18,10 +25,6 @@ from helpers import (
     run_ok,
     write_csv,
 )
-from inference.cli import main
-from inference.distributed_kernel_fit import DistributedKernelSpec, fit_distributed_kernel
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.trainer import TrainConfig
 from pyrogp_models.data import Standardisation, load_table
 from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.errors import ModuleFileError

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
-
-from inference.distributed_kernel_fit import (
+from pyrogp_models.inference.distributed_kernel_fit import (
     ConjugateGradientSolve,
     DistributedKernelSpec,
     fit_distributed_kernel,
 )
-from inference.natural_gradient import NaturalGradient
-from inference.trainer import TrainConfig, train
+from pyrogp_models.inference.natural_gradient import NaturalGradient
+from pyrogp_models.inference.trainer import TrainConfig, train
+
 from pyrogp_models.gaussian.linalg import deferred_checks
 from pyrogp_models.kernels import RBF
 from pyrogp_models.likelihoods import make_likelihood

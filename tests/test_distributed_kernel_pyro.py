@@ -10,9 +10,12 @@ import pyro
 import pytest
 import torch
 from pyro.infer import SVI, Predictive, TraceMeanField_ELBO
+from pyrogp_models.inference.distributed_kernel_fit import (
+    DistributedKernelSpec,
+    fit_distributed_kernel,
+)
+from pyrogp_models.inference.trainer import TrainConfig, train
 
-from inference.distributed_kernel_fit import DistributedKernelSpec, fit_distributed_kernel
-from inference.trainer import TrainConfig, train
 from pyrogp_models import arviz_bridge
 from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from pyrogp_models.inference.cli import build_parser
 
-import inference
 import pyrogp_models
-from inference.cli import build_parser
+from pyrogp_models import inference
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -201,7 +201,8 @@ def test_api_documents_every_module(site):
             relative = path.relative_to(Path(package.__file__).parent).with_suffix("")
             parts = [p for p in relative.parts if p != "__init__"]
             expected.add(prefix + ".".join(parts) if parts else package.__name__)
-    expected = {name for name in expected if not name.startswith("inference.commands")}
+    expected = {name for name in expected
+                if not name.startswith("pyrogp_models.inference.commands")}
     assert expected - documented == set()
 
 
@@ -244,8 +245,9 @@ PUBLIC = ([(pyrogp_models, name) for name in pyrogp_models.__all__]
 
 @pytest.mark.parametrize("package, name", PUBLIC, ids=[f"{p.__name__}.{n}" for p, n in PUBLIC])
 def test_public_names_have_docstrings(package, name):
-    """Every name of ``pyrogp_models.__all__`` and ``inference.__all__`` has a docstring of its
-    own of at least a sentence (the site's build also fails on any public symbol without one)."""
+    """Every name of ``pyrogp_models.__all__`` and ``pyrogp_models.inference.__all__`` has a
+    docstring of its own of at least a sentence (the site's build also fails on any public symbol
+    without one)."""
     obj = getattr(package, name)
     doc = own_docstring(obj)
     assert len(doc) >= 30 and doc.rstrip().endswith((".", ")", ":", "]")), \

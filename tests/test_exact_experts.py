@@ -9,9 +9,9 @@ import numpy as np
 import pyro
 import pytest
 import torch
+from pyrogp_models.inference.experts_fit import ExpertsSpec, fit_exact_experts
+from pyrogp_models.inference.trainer import TrainConfig, train
 
-from inference.experts_fit import ExpertsSpec, fit_exact_experts
-from inference.trainer import TrainConfig, train
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import partition_kmeans, partition_random
 from pyrogp_models.models.experts import ExactExperts, grbcm_rows

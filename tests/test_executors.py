@@ -6,18 +6,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-
-from inference import executors
-from inference.cli import main
-from inference.executors import (
+from pyrogp_models.inference import executors
+from pyrogp_models.inference.cli import main
+from pyrogp_models.inference.executors import (
     chunk_tasks,
     dask_client,
     fit_local_distributed,
     fit_local_on,
     split_partitions,
 )
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.trainer import TrainConfig
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.trainer import TrainConfig
+
 from pyrogp_models.data.partitioners import Partition, partition_contiguous
 from pyrogp_models.errors import DataError, PyrogpError
 from pyrogp_models.modules.files import load_modules

@@ -5,10 +5,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.experts_fit import fit_exact_experts
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.trainer import TrainConfig
 
-from inference.experts_fit import fit_exact_experts
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.trainer import TrainConfig
 from pyrogp_models.data.partitioners import partition_kmeans, partition_random
 from pyrogp_models.errors import IncompatibleModulesError
 from pyrogp_models.models.experts import (

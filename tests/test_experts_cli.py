@@ -1,4 +1,5 @@
-"""``pyrogp fit-experts`` and ``pyrogp combine``, run in-process through ``inference.cli.main``."""
+"""``pyrogp fit-experts`` and ``pyrogp combine``, run in-process through
+``pyrogp_models.inference.cli.main``."""
 
 import json
 from dataclasses import replace
@@ -6,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.cli import main
+from pyrogp_models.inference.experts_fit import ExpertsSpec, fit_exact_experts
+from pyrogp_models.inference.trainer import TrainConfig
 
 from helpers import constant_scores, exact_gp_scores, write_csv
-from inference.cli import main
-from inference.experts_fit import ExpertsSpec, fit_exact_experts
-from inference.trainer import TrainConfig
 from pyrogp_models.data import load_table
 from pyrogp_models.data.partitioners import partition_kmeans
 from pyrogp_models.models.experts import grbcm_rows

@@ -10,11 +10,11 @@ import pyro
 import pytest
 import torch
 from pyro.nn import PyroModule, PyroParam
+from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local, model_inputs
+from pyrogp_models.inference.recycling import RecycleSpec, recycle
+from pyrogp_models.inference.trainer import TrainConfig, train
 
 from helpers import run_failing, write_csv
-from inference.local_fit import LocalFitSpec, default_config, fit_local, model_inputs
-from inference.recycling import RecycleSpec, recycle
-from inference.trainer import TrainConfig, train
 from pyrogp_models.data.partitioners import Partition, partition_random
 from pyrogp_models.errors import NotConvergedWarning
 from pyrogp_models.models.local.local_gps import LocalGPs

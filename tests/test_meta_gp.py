@@ -9,11 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.recycling import RawData, RecycleSpec, recycle
+from pyrogp_models.inference.trainer import TrainConfig, train
 from torch.distributions import MultivariateNormal, kl_divergence
 
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.recycling import RawData, RecycleSpec, recycle
-from inference.trainer import TrainConfig, train
 from pyrogp_models.data import Standardisation, load_sunspots
 from pyrogp_models.data.partitioners import Partition, partition_contiguous
 from pyrogp_models.errors import (
@@ -584,7 +584,7 @@ def test_exported_likelihood_rule(single_module):
 
 
 def test_recycling_mixed_likelihoods_is_refused_before_training(single_module, monkeypatch):
-    import inference.recycling as recycling
+    import pyrogp_models.inference.recycling as recycling
 
     classifier = replace(single_module, likelihood_name="bernoulli",
                          likelihood_options={"link": "probit"}, likelihood_params={})

@@ -3,10 +3,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference import metrics as M
 from scipy.stats import kstest
 from sklearn.metrics import roc_auc_score
-
-from inference import metrics as M
 
 
 def _bernoulli_log_density(y: np.ndarray, p: np.ndarray) -> np.ndarray:

@@ -11,12 +11,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.distributed_kernel_fit import (
+    DistributedKernelSpec,
+    fit_distributed_kernel,
+)
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local, model_inputs
+from pyrogp_models.inference.trainer import TrainConfig, train
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from inference.distributed_kernel_fit import DistributedKernelSpec, fit_distributed_kernel
-from inference.local_fit import LocalFitSpec, fit_local, model_inputs
-from inference.trainer import TrainConfig, train
 from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.errors import ModuleFileError
 from pyrogp_models.models.distributed_kernel.files import save_distributed_kernel

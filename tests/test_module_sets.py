@@ -9,12 +9,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.cli import main
+from pyrogp_models.inference.health import module_flags
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.trainer import TrainConfig, train
 
 from helpers import run_failing, run_ok, write_csv
-from inference.cli import main
-from inference.health import module_flags
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.trainer import TrainConfig, train
 from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.errors import ModuleFileError, NotConvergedWarning
 from pyrogp_models.models.local.local_gps import LocalGPs

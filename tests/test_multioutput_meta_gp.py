@@ -6,11 +6,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.recycling import RecycleSpec, recycle_multioutput
+from pyrogp_models.inference.trainer import TrainConfig
 from torch.distributions import MultivariateNormal, kl_divergence
 
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.recycling import RecycleSpec, recycle_multioutput
-from inference.trainer import TrainConfig
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import partition_by_label
 from pyrogp_models.errors import UnboundedBoundError

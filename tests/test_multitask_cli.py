@@ -9,11 +9,11 @@ import re
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.cli import main
+from pyrogp_models.inference.multitask_fit import MultitaskSpec, fit_multitask_dgp
+from pyrogp_models.inference.trainer import TrainConfig
 
 from helpers import resigned, run_failing, run_ok, write_csv
-from inference.cli import main
-from inference.multitask_fit import MultitaskSpec, fit_multitask_dgp
-from inference.trainer import TrainConfig
 from pyrogp_models.data import load_table
 from pyrogp_models.errors import ModuleFileError
 from pyrogp_models.models.multitask import toy_tasks

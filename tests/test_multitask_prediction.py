@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 from pyro.infer import Predictive
+from pyrogp_models.inference.trainer import TrainConfig, train
 
-from inference.trainer import TrainConfig, train
 from multitask_helpers import randomise, toy_data, toy_model
 from pyrogp_models import arviz_bridge
 from pyrogp_models.models.multitask import (

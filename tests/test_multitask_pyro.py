@@ -18,11 +18,11 @@ import pyro
 import pytest
 import torch
 from pyro.infer import SVI, TraceMeanField_ELBO
+from pyrogp_models.inference.multitask_fit import MultitaskFit, MultitaskSpec, fit_multitask_dgp
+from pyrogp_models.inference.natural_gradient import NaturalGradient
+from pyrogp_models.inference.trainer import TrainConfig, train
 
 from helpers import ROOT
-from inference.multitask_fit import MultitaskFit, MultitaskSpec, fit_multitask_dgp
-from inference.natural_gradient import NaturalGradient
-from inference.trainer import TrainConfig, train
 from multitask_helpers import toy_model
 from pyrogp_models.models.multitask import MODELS, toy_grid, toy_tasks
 

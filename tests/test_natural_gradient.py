@@ -5,12 +5,16 @@ import numpy as np
 import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
+from pyrogp_models.inference.cli import main
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.natural_gradient import (
+    NaturalGradient,
+    covariance_gradient,
+    natural_update,
+)
+from pyrogp_models.inference.recycling import RecycleSpec, recycle
+from pyrogp_models.inference.trainer import TrainConfig, train
 
-from inference.cli import main
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.natural_gradient import NaturalGradient, covariance_gradient, natural_update
-from inference.recycling import RecycleSpec, recycle
-from inference.trainer import TrainConfig, train
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.models.local.collapsed import collapsed_bound
 from pyrogp_models.models.local.local_gps import LocalGPs

@@ -15,12 +15,12 @@ import pyro
 import pytest
 import torch
 from pyro.infer import SVI, Predictive, TraceMeanField_ELBO
+from pyrogp_models.inference.experts_fit import fit_exact_experts
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local, local_predictor
+from pyrogp_models.inference.natural_gradient import NaturalGradient
+from pyrogp_models.inference.recycling import RecycleSpec, recycle, recycle_multioutput
+from pyrogp_models.inference.trainer import TrainConfig, train
 
-from inference.experts_fit import fit_exact_experts
-from inference.local_fit import LocalFitSpec, fit_local, local_predictor
-from inference.natural_gradient import NaturalGradient
-from inference.recycling import RecycleSpec, recycle, recycle_multioutput
-from inference.trainer import TrainConfig, train
 from pyrogp_models import arviz_bridge
 from pyrogp_models.data.partitioners import (
     partition_by_label,

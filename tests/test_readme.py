@@ -11,8 +11,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-
-from inference.cli import build_parser
+from pyrogp_models.inference.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -6,6 +6,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference import demo
+from pyrogp_models.inference.cli import main
 
 from helpers import (
     constant_scores,
@@ -16,8 +18,6 @@ from helpers import (
     run_ok,
     write_csv,
 )
-from inference import demo
-from inference.cli import main
 from pyrogp_models.data import Standardisation, load_table
 from pyrogp_models.modules.files import load_module, load_modules, save_modules
 from pyrogp_models.modules.record import Module
@@ -202,7 +202,8 @@ def test_unbounded_collapsed_fit_names_the_flag(capsys, folder, unbounded_dir):
 
 def test_unbounded_after_repair_does_not_advise_the_repair(capsys, folder, unbounded_dir,
                                                            monkeypatch):
-    from inference.commands import recycle as command
+    from pyrogp_models.inference.commands import recycle as command
+
     from pyrogp_models.errors import UnboundedBoundError
 
     def unbounded(*args, **kwargs):

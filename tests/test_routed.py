@@ -5,9 +5,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.trainer import TrainConfig
 
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.trainer import TrainConfig
 from pyrogp_models.data.partitioners import partition_by_label, partition_kmeans, partition_random
 from pyrogp_models.errors import DataError, IncompatibleModulesError, ModuleFileError
 from pyrogp_models.modules.files import save_modules

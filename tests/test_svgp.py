@@ -6,10 +6,10 @@ import numpy as np
 import pyro
 import pytest
 import torch
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.metrics import nlpd
+from pyrogp_models.inference.trainer import TrainConfig, train
 
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.metrics import nlpd
-from inference.trainer import TrainConfig, train
 from pyrogp_models.data.partitioners import partition_contiguous, partition_random
 from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
 from pyrogp_models.kernels import Stationary

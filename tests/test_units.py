@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.recycling import RecycleSpec, recycle
 
 from helpers import run_ok, write_csv
-from inference.local_fit import LocalFitSpec, fit_local
-from inference.recycling import RecycleSpec, recycle
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.gaussian.expectations import site_parameters

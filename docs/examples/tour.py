@@ -3,8 +3,8 @@
 import tempfile
 
 import numpy as np
+from pyrogp_models.inference import LocalFitSpec, RecycleSpec, fit_local, recycle
 
-from inference import LocalFitSpec, RecycleSpec, fit_local, recycle
 from pyrogp_models import ExpertCombination, load_modules, save_modules
 from pyrogp_models.data.partitioners import partition_contiguous
 

@@ -1,1 +1,2 @@
-"""Command modules of the ``pyrogp`` command line (registered in :data:`inference.cli.COMMANDS`)."""
+"""Command modules of the ``pyrogp`` command line (registered in
+:data:`pyrogp_models.inference.cli.COMMANDS`)."""

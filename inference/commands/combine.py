@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from inference.commands import predict
+from pyrogp_models.inference.commands import predict
+
 from pyrogp_models.errors import DataError
 
 NAME = "combine"

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from pyrogp_models.inference.health import elbo_per_point, module_flags
+from pyrogp_models.inference.tables import format_table
 
-from inference.health import elbo_per_point, module_flags
-from inference.tables import format_table
 from pyrogp_models.data import Table, require_finite
 from pyrogp_models.errors import DataError, ModuleFileError, NotConvergedWarning, PyrogpError
 from pyrogp_models.models.distributed_kernel.files import is_distributed_kernel_file
@@ -178,7 +178,7 @@ MAX_ROWS = 20
 
 def report_modules(modules: dict[str, Module], columns: dict, verbose: bool = False) -> str:
     """A table of the modules (``columns``: header → function of a module), with a "flags"
-    column naming outliers and unconverged fits (:mod:`inference.health`); beyond
+    column naming outliers and unconverged fits (:mod:`pyrogp_models.inference.health`); beyond
     :data:`MAX_ROWS` modules (unless ``verbose``) a summary instead: the count, quantiles of the
     ELBO per point, the five worst modules and the flagged ones."""
     flags = module_flags(modules)

@@ -9,11 +9,15 @@ import math
 
 import numpy as np
 import torch
+from pyrogp_models.inference.commands.common import (
+    add_predictor_arguments,
+    predictor_from_args,
+    read_inputs,
+)
+from pyrogp_models.inference.commands.multitask_inputs import multitask_from_args
+from pyrogp_models.inference.metrics import classification_report, regression_report
+from pyrogp_models.inference.tables import format_table
 
-from inference.commands.common import add_predictor_arguments, predictor_from_args, read_inputs
-from inference.commands.multitask_inputs import multitask_from_args
-from inference.metrics import classification_report, regression_report
-from inference.tables import format_table
 from pyrogp_models.data import load_table, require_finite
 from pyrogp_models.errors import DataError
 from pyrogp_models.models.multitask.files import is_multitask_file

@@ -3,8 +3,8 @@
 The SE kernel is split into J local kernels along one input (``--dim``, by default the one with the
 largest range), cut at data quantiles; each local GP gets m inducing inputs. The fit itself
 (standardisation, initial lengthscale, cuts, training) is
-:func:`inference.distributed_kernel_fit.fit_distributed_kernel`: a Gaussian mean-field fit solves q
-in closed form at every step; other settings run Pyro SVI.
+:func:`pyrogp_models.inference.distributed_kernel_fit.fit_distributed_kernel`: a Gaussian mean-field
+fit solves q in closed form at every step; other settings run Pyro SVI.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from inference.commands.common import check_output_file, one_line_warnings
-from inference.commands.fit_local import _feature_names
-from inference.distributed_kernel_fit import (
+from pyrogp_models.inference.commands.common import check_output_file, one_line_warnings
+from pyrogp_models.inference.commands.fit_local import _feature_names
+from pyrogp_models.inference.distributed_kernel_fit import (
     DEFAULT_TRAIN_CONFIG,
     DistributedKernelSpec,
     fit_distributed_kernel,
 )
+
 from pyrogp_models.data import load_table, split_features_target
 from pyrogp_models.errors import DataError
 from pyrogp_models.models.distributed_kernel.files import FORMAT, save_distributed_kernel

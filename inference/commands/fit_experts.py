@@ -8,15 +8,16 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from inference.commands.common import (
+from pyrogp_models.inference.commands.common import (
     check_output_folder,
     describe_rule,
     one_line_warnings,
     write_module_folder,
 )
-from inference.commands.fit_local import _feature_names
-from inference.experts_fit import DEFAULT_TRAIN_CONFIG, ExpertsSpec, fit_exact_experts
-from inference.tables import format_table
+from pyrogp_models.inference.commands.fit_local import _feature_names
+from pyrogp_models.inference.experts_fit import DEFAULT_TRAIN_CONFIG, ExpertsSpec, fit_exact_experts
+from pyrogp_models.inference.tables import format_table
+
 from pyrogp_models.data import load_table, split_features_target
 from pyrogp_models.data.partitioners import partition_kmeans, partition_random
 from pyrogp_models.errors import DataError

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from inference.commands.common import (
+from pyrogp_models.inference.commands.common import (
     MAX_ROWS,
     check_output_folder,
     describe_rule,
@@ -19,8 +18,8 @@ from inference.commands.common import (
     report_modules,
     write_module_folder,
 )
-from inference.executors import fit_local_on
-from inference.local_fit import (
+from pyrogp_models.inference.executors import fit_local_on
+from pyrogp_models.inference.local_fit import (
     COLLAPSED_CONFIG,
     MINIBATCH_NATURAL_GRADIENT,
     UNCOLLAPSED_CONFIG,
@@ -28,7 +27,8 @@ from inference.local_fit import (
     collapsed_bound,
     default_config,
 )
-from inference.trainer import TrainConfig
+from pyrogp_models.inference.trainer import TrainConfig
+
 from pyrogp_models.data import Table, load_table, split_features_target
 from pyrogp_models.data.partitioners import (
     Partition,

@@ -2,9 +2,9 @@
 one file (:mod:`pyrogp_models.models.multitask.files`).
 
 The table is in long form (a task column and one target) or wide form (one target per task,
-NaN cells unobserved): :mod:`inference.commands.multitask_inputs`. The fit itself is
-:func:`inference.multitask_fit.fit_multitask_dgp` (Boustati et al.'s doubly-stochastic ELBO,
-eq. 9, trained by Adam).
+NaN cells unobserved): :mod:`pyrogp_models.inference.commands.multitask_inputs`. The fit itself is
+:func:`pyrogp_models.inference.multitask_fit.fit_multitask_dgp` (Boustati et al.'s doubly-stochastic
+ELBO, eq. 9, trained by Adam).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pyrogp_models.inference.commands.common import check_output_file, one_line_warnings
+from pyrogp_models.inference.commands.fit_local import _likelihood_options
+from pyrogp_models.inference.commands.multitask_inputs import TaskColumns, TaskRows
+from pyrogp_models.inference.multitask_fit import MultitaskSpec, default_config, fit_multitask_dgp
+from pyrogp_models.inference.tables import format_table
+from pyrogp_models.inference.trainer import TrainConfig, TrainResult
 
-from inference.commands.common import check_output_file, one_line_warnings
-from inference.commands.fit_local import _likelihood_options
-from inference.commands.multitask_inputs import TaskColumns, TaskRows
-from inference.multitask_fit import MultitaskSpec, default_config, fit_multitask_dgp
-from inference.tables import format_table
-from inference.trainer import TrainConfig, TrainResult
 from pyrogp_models.data import load_table
 from pyrogp_models.errors import DataError
 from pyrogp_models.likelihoods import make_likelihood

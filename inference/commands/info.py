@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 import torch
+from pyrogp_models.inference.commands.common import MAX_ROWS, describe_rule, report_modules
+from pyrogp_models.inference.tables import format_number, format_table
 
-from inference.commands.common import MAX_ROWS, describe_rule, report_modules
-from inference.tables import format_number, format_table
 from pyrogp_models.models.distributed_kernel.files import is_distributed_kernel_file
 from pyrogp_models.models.multitask import MultitaskPredictor
 from pyrogp_models.models.multitask.families import SUMMARIES

@@ -12,8 +12,8 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
-from inference.commands.common import one_line_warnings, read_inputs
-from inference.recycling import (
+from pyrogp_models.inference.commands.common import one_line_warnings, read_inputs
+from pyrogp_models.inference.recycling import (
     COLLAPSED_CONFIG,
     UNCOLLAPSED_CONFIG,
     RawData,
@@ -21,6 +21,7 @@ from inference.recycling import (
     recycle,
     uses_collapsed_bound,
 )
+
 from pyrogp_models.data import load_table, require_finite
 from pyrogp_models.errors import (
     DataError,

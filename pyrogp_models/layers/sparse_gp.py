@@ -19,7 +19,8 @@ optimiser step moves every member's Z in proportion to its own extent.
 
 The layer holds parameters and Gaussian algebra only; a model decides what the layer's functions
 explain (a likelihood, the contrastive terms of a meta-GP, another layer). A natural-gradient step
-(:mod:`inference.natural_gradient`) updates (``q_mean``, ``q_sqrt``) of any layer in place.
+(:mod:`pyrogp_models.inference.natural_gradient`) updates (``q_mean``, ``q_sqrt``) of any layer in
+place.
 """
 
 from __future__ import annotations

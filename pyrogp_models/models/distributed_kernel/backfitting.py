@@ -144,9 +144,10 @@ def solve_meanfield(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor
     ``projections`` reuses :meth:`DistributedKernelGP.projections` output.
 
     ``checked`` (the final solve): the residual is read back after every iteration and the solve
-    stops once ‖r‖ ≤ tol‖b‖. Unchecked (the training hook, :mod:`inference.distributed_kernel_fit`):
-    exactly ``max_iters`` iterations and nothing read back; the same test runs on the device and
-    gives the converged iterations steps of length zero (``torch.where``), freezing the solution.
+    stops once ‖r‖ ≤ tol‖b‖. Unchecked (the training hook,
+    :mod:`pyrogp_models.inference.distributed_kernel_fit`): exactly ``max_iters`` iterations and
+    nothing read back; the same test runs on the device and gives the converged iterations steps of
+    length zero (``torch.where``), freezing the solution.
     """
     if model.variational != "meanfield" or model.likelihood.name != "gaussian":
         raise ValueError("the mean-field solver needs the mean-field variant and a Gaussian "

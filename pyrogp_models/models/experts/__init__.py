@@ -4,7 +4,7 @@ Expert predictions are latent ``mean``/``var`` tensors ``[J, N]`` or ``[J, N, C]
 first). ``combine(rule, mean, var, ...)`` returns the combined latent ``(mean, var)``.
 
 * :mod:`.exact` — exact GP experts with shared hyperparameters (eq. 2), exported as modules
-  (fitted by ``inference.experts_fit``);
+  (fitted by ``pyrogp_models.inference.experts_fit``);
 * :mod:`.module_experts` — batched latent predictions of any dictionary of modules;
 * :mod:`.predictor` — :class:`ExpertCombination`, modules + rule + likelihood as a predictor
   (the likelihood is the experts' own, from :mod:`pyrogp_models.likelihoods`).

@@ -10,8 +10,8 @@ The experts form one batched Pyro model: the partitions are padded to a common s
 (padded rows get an identity covariance and zero targets, and their −½ log 2π terms are dropped),
 so one batched Cholesky of [J, m, m] evaluates every expert. :meth:`ExactExperts.model` adds the
 objective as a ``pyro.factor`` and the guide is empty (point estimates), so an ELBO optimiser
-fits the hyperparameters like those of any other model (``inference.experts_fit`` runs the
-library's trainer, L-BFGS by default; ``pyro.infer.SVI`` works as well: the model runs in Pyro's
+fits the hyperparameters like those of any other model (``pyrogp_models.inference.experts_fit`` runs
+the library's trainer, L-BFGS by default; ``pyro.infer.SVI`` works as well: the model runs in Pyro's
 module context and binds its data). :meth:`ExactExperts.predictive_model` draws every expert's
 f and y at new inputs from its exact posterior, for ``pyro.infer.Predictive``.
 

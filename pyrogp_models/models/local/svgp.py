@@ -282,7 +282,8 @@ class BatchedSVGP(OneLayer, PyroModule):
 
     def natural_gradient_objectives(self) -> list:
         """The layer and, for a non-conjugate likelihood, its per-partition ELBO [K] on the full
-        data, which safeguards natural-gradient steps (:mod:`inference.natural_gradient`)."""
+        data, which safeguards natural-gradient steps
+        (:mod:`pyrogp_models.inference.natural_gradient`)."""
         if self.collapsed:
             return []
         return [(self.layer, None if self.likelihood.name == "gaussian" else self.elbo)]

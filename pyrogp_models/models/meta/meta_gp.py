@@ -357,10 +357,10 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         return [(self.layer, None if conjugate else self.bound)]
 
     def member_objectives(self, precise: bool = False) -> list:
-        """The meta-GP as one member of the library's L-BFGS (:mod:`inference.batched_lbfgs`):
-        its parameters and the negative (collapsed) bound, [1] (computed to rounding whether or
-        not ``precise`` is asked). A trial point where Λ_w is not
-        positive definite — in floating point, e.g. far out on a line search — gives a
+        """The meta-GP as one member of the library's L-BFGS
+        (:mod:`pyrogp_models.inference.batched_lbfgs`): its parameters and the negative (collapsed)
+        bound, [1] (computed to rounding whether or not ``precise`` is asked). A trial point where
+        Λ_w is not positive definite — in floating point, e.g. far out on a line search — gives a
         non-finite value there and is rejected, where a strong-Wolfe line search would stop the
         fit; the boundedness guard judges the starting and the final point."""
         params = [p for p in self.parameters() if p.requires_grad]
