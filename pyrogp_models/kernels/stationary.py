@@ -4,7 +4,8 @@ One kernel object holds the hyperparameters of many GPs at once: ``lengthscale``
 ``[*batch, D]`` (ARD) or ``[*batch, 1]`` (isotropic) and ``variance`` has shape ``[*batch]``.
 Inputs ``X`` of shape ``[*batch, N, D]`` give covariances ``[*batch, N, M]``, so K partitions with
 their own hyperparameters are evaluated in one call. Positive parameters are Pyro parameters with
-a positivity constraint (optimised in unconstrained log space).
+a positivity constraint (optimised in unconstrained log space). The RBF's cross-covariance and
+Gram statistics take the fused path of :mod:`~pyrogp_models.kernels.fused_rbf`.
 
 The functional form :func:`stationary_covariance` serves frozen modules, which carry plain tensors.
 """
@@ -15,11 +16,9 @@ import math
 from collections.abc import Callable
 
 import torch
-from pyro.distributions import constraints
-from pyro.nn import PyroModule, PyroParam
-
+from pyrogp_models.kernels.base import Role
 from pyrogp_models.kernels.fused_rbf import rbf_weighted_cross_covariance, rbf_weighted_gram
-from pyrogp_models.layers.naming import unique_name
+from pyrogp_models.kernels.leaf import Hyperparameter, Leaf
 
 #: Smallest squared distance fed to a square root, keeping Matérn gradients finite at r = 0.
 _MIN_SQUARED_DISTANCE = 1e-36
@@ -58,9 +57,12 @@ PROFILES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 def scaled_squared_distance(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor
                             ) -> torch.Tensor:
-    """r²_nm = Σ_d (x_nd − z_md)²/ℓ_d²; [*batch, N, D] × [*batch, M, D] → [*batch, N, M]."""
+    """r²_nm = Σ_d (x_nd − z_md)²/ℓ_d²; [*batch, N, D] × [*batch, M, D] → [*batch, N, M]. The
+    inputs are centred on Z's mean first (distances do not change), so the expanded square
+    loses no accuracy far from the origin."""
     scale = lengthscale.unsqueeze(-2)
-    Xs, Zs = X / scale, Z / scale
+    centre = Z.detach().mean(-2, keepdim=True)
+    Xs, Zs = (X - centre) / scale, (Z - centre) / scale
     r2 = (Xs.square().sum(-1).unsqueeze(-1) + Zs.square().sum(-1).unsqueeze(-2)
           - 2.0 * Xs @ Zs.mT)
     return r2.clamp_min(0.0)
@@ -78,69 +80,75 @@ def stationary_diagonal(X: torch.Tensor, variance: torch.Tensor) -> torch.Tensor
     return variance.unsqueeze(-1).expand(*variance.shape, X.shape[-2])
 
 
-class Stationary(PyroModule):
-    """A batch of stationary kernels of one family.
+class Stationary(Leaf):
+    """A batch of stationary kernels of one family: k(x, z) = σ² ρ(r²), r² = Σ_d (x_d − z_d)²/ℓ_d².
 
     Args:
         family: one of :data:`PROFILES` (``"rbf"``, ``"matern12"``, ``"matern32"``, ``"matern52"``).
         input_dim: D.
         batch_shape: leading shape of the hyperparameters (e.g. ``(K,)`` for K partitions).
         ard: one lengthscale per input dimension instead of one shared lengthscale.
-        lengthscale, variance: initial values (scalars or broadcastable tensors).
-        learn_variance: σ² is a parameter (``False``: a fixed buffer, e.g. unit-variance latent
+        lengthscale, variance: initial values (scalars or broadcastable tensors); a value left
+            out is not ``given`` (a fit initialises it from the data).
+        learn_variance: σ² is a parameter (``False``: fixed, e.g. unit-variance latent
             functions whose amplitude lives elsewhere).
-        name: the Pyro name of a kernel used on its own (default: a fresh one; inside a model
-            the model names it).
+        active_dims, fixed, name: as for :class:`~pyrogp_models.kernels.leaf.Leaf`.
     """
 
+    hyperparameters = (Hyperparameter("lengthscale", Role.INPUT_SCALE, per_dimension=True),
+                       Hyperparameter("variance", Role.OUTPUT_SCALE))
+
     def __init__(self, family: str, input_dim: int, batch_shape: tuple[int, ...] = (),
-                 ard: bool = False, lengthscale: float | torch.Tensor = 1.0,
-                 variance: float | torch.Tensor = 1.0, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None, learn_variance: bool = True,
-                 name: str | None = None):
-        super().__init__(name or unique_name(family))
+                 ard: bool = False, lengthscale: float | torch.Tensor | None = None,
+                 variance: float | torch.Tensor | None = None,
+                 dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                 learn_variance: bool = True, name: str | None = None,
+                 active_dims=None, fixed=()):
         if family not in PROFILES:
             raise ValueError(f"unknown kernel family '{family}'; choose from {sorted(PROFILES)}")
-        self.family = family
-        self.input_dim = input_dim
-        self.ard = ard
-        self.batch_shape = torch.Size(batch_shape)
-        dtype = dtype or torch.get_default_dtype()
-        lengthscale_shape = (*batch_shape, input_dim if ard else 1)
-        self.lengthscale = PyroParam(
-            torch.as_tensor(lengthscale, dtype=dtype, device=device)
-            .expand(lengthscale_shape).clone(), constraint=constraints.positive)
-        variance = torch.as_tensor(variance, dtype=dtype, device=device).expand(batch_shape)
-        if learn_variance:
-            self.variance = PyroParam(variance.clone(), constraint=constraints.positive)
-        else:
-            self.register_buffer("variance", variance.clone())
+        self.kind = family
+        values = {k: v for k, v in (("lengthscale", lengthscale), ("variance", variance))
+                  if v is not None}
+        fixed = tuple(fixed) + (() if learn_variance else ("variance",))
+        super().__init__(input_dim, active_dims=active_dims, batch_shape=batch_shape, ard=ard,
+                         fixed=fixed, dtype=dtype, device=device, name=name, **values)
 
-    def forward(self, X: torch.Tensor, Z: torch.Tensor | None = None) -> torch.Tensor:
-        """Covariance k(X, Z) of shape [*batch, N, M] (k(X, X) when Z is None)."""
-        return stationary_covariance(self.family, X, X if Z is None else Z,
-                                     self.lengthscale, self.variance)
+    @property
+    def family(self) -> str:
+        """The correlation profile's name (the kind)."""
+        return self.kind
 
-    def diag(self, X: torch.Tensor) -> torch.Tensor:
-        """diag k(X, X) of shape [*batch, N]."""
-        return stationary_diagonal(X, self.variance)
+    def rebuilt(self, values, ard=None, batch_shape=None) -> Stationary:
+        """A new kernel of this family with other ``values`` (see :meth:`Leaf.rebuilt`)."""
+        reference = next(iter(values.values()))
+        kernel = Stationary(self.family, self.input_dim,
+                            self.batch_shape if batch_shape is None else batch_shape,
+                            self.ard if ard is None else ard, dtype=reference.dtype,
+                            device=reference.device, active_dims=self.active_dims,
+                            fixed=self.fixed, **values)
+        kernel.given = self.given
+        return kernel
+
+    def covariance(self, X: torch.Tensor, Z: torch.Tensor, same: bool) -> torch.Tensor:
+        """σ² ρ(r²) [*batch, N, M]."""
+        return stationary_covariance(self.family, X, Z, self.lengthscale, self.variance)
 
     def weighted_cross(self, X: torch.Tensor, Z: torch.Tensor,
                        weights: torch.Tensor | None = None) -> torch.Tensor:
         """√w_n k(x_n, z_m) of shape [*batch, N, M] (w = 1 when ``weights`` is None); fused into
         one product and one exponential for the RBF (:mod:`pyrogp_models.kernels.fused_rbf`)."""
         if self.family == "rbf":
-            return rbf_weighted_cross_covariance(X, Z, self.lengthscale, self.variance, weights)
-        cross = self(X, Z)
-        return cross if weights is None else cross * weights.sqrt().unsqueeze(-1)
+            return rbf_weighted_cross_covariance(self.slice(X), self.slice(Z), self.lengthscale,
+                                                 self.variance, weights)
+        return super().weighted_cross(X, Z, weights)
 
     def weighted_gram(self, X: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor,
                       y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Ψ₂ = k(Z, X)Wk(X, Z) [*batch, M, M] and Ψ₁ = k(Z, X)Wy [*batch, M] (W = diag w)."""
         if self.family == "rbf":
-            return rbf_weighted_gram(X, Z, self.lengthscale, self.variance, weights, y)
-        G = self.weighted_cross(X, Z, weights)
-        return G.mT @ G, (G.mT @ (weights.sqrt() * y).unsqueeze(-1)).squeeze(-1)
+            return rbf_weighted_gram(self.slice(X), self.slice(Z), self.lengthscale,
+                                     self.variance, weights, y)
+        return super().weighted_gram(X, Z, weights, y)
 
 
 def RBF(input_dim: int, **kwargs) -> Stationary:

@@ -1,0 +1,147 @@
+"""Kernels as objects: a batch of covariance functions k(x, z), composed with ``+`` and ``*``.
+
+Every kernel is a :class:`~pyro.nn.PyroModule` whose hyperparameters carry a leading batch shape
+(one set per GP of a batch, e.g. ``(K, L)`` for K partitions with L latent functions). Inputs
+X [*batch, N, D] and Z [*batch, M, D] (broadcastable batch) give
+
+    forward(X, Z) = k(X, Z) [*batch, N, M],   forward(X, diag=True) = diag k(X, X) [*batch, N],
+
+the call of ``pyro.contrib.gp`` kernels, so a kernel written for Pyro fits where ours do. A leaf
+kernel acts on its ``active_dims`` of the input. ``k₁ + k₂`` and ``k₁ * k₂`` build
+:class:`~pyrogp_models.kernels.combination.Sum` and :class:`~pyrogp_models.kernels.combination.
+Product`.
+
+A kernel describes itself as a JSON tree (:meth:`Kernel.tree`) plus named tensors
+(:meth:`Kernel.named_values`); :func:`~pyrogp_models.kernels.registry.kernel_from_tree` builds
+it back without running any code of the file. Each hyperparameter has a *role* that says how it
+changes with the units of the data (:class:`Role`), which is what converting a module to other
+units, initialising from the data and reading values given in data units need.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import torch
+from pyro.nn import PyroModule
+
+from pyrogp_models.layers.naming import unique_name
+
+
+class Role(enum.Enum):
+    """How a hyperparameter depends on the units: x = s·x̃ + μ (inputs), y = a·ỹ (outputs).
+
+    - ``INPUT_SCALE`` (lengthscales, periods): a distance, × s per input dimension;
+    - ``INPUT_LOCATION`` (a centre): a point, (c − μ)/s per dimension (model from data units);
+    - ``OUTPUT_SCALE`` (variances): × a²;
+    - ``SLOPE`` (per-dimension weights of a linear kernel): × a²/s²;
+    - ``SHAPE`` (dimensionless: a rational-quadratic α, a periodic kernel's lengthscale).
+    """
+
+    INPUT_SCALE = "input_scale"
+    INPUT_LOCATION = "input_location"
+    OUTPUT_SCALE = "output_scale"
+    SLOPE = "slope"
+    SHAPE = "shape"
+
+
+class Kernel(PyroModule):
+    """A batch of covariance functions; subclasses implement :meth:`forward`.
+
+    Args:
+        input_dim: D, the number of input dimensions the kernel sees (its active ones).
+        active_dims: the columns of the input it acts on (default: the first ``input_dim``).
+        batch_shape: leading shape of every hyperparameter.
+        name: the Pyro name of a kernel used on its own (inside a model the model names it).
+    """
+
+    #: The name of the kind in files and kernel expressions.
+    kind: str = ""
+
+    def __init__(self, input_dim: int, active_dims: Sequence[int] | None = None,
+                 batch_shape: Sequence[int] = (), name: str | None = None):
+        super().__init__(name or unique_name(self.kind or "kernel"))
+        self.input_dim = int(input_dim)
+        active = list(range(self.input_dim)) if active_dims is None else [int(d)
+                                                                         for d in active_dims]
+        if len(active) != self.input_dim:
+            raise ValueError(f"a kernel of {self.input_dim} input dimensions needs as many "
+                             f"active dimensions, got {active}")
+        self.active_dims = active
+        self.batch_shape = torch.Size(batch_shape)
+
+    # Covariances ----------------------------------------------------------------------------
+    def forward(self, X: torch.Tensor, Z: torch.Tensor | None = None, diag: bool = False
+                ) -> torch.Tensor:
+        """k(X, Z) [*batch, N, M] (k(X, X) when Z is None), or its diagonal [*batch, N]."""
+        raise NotImplementedError
+
+    def diag(self, X: torch.Tensor) -> torch.Tensor:
+        """diag k(X, X) of shape [*batch, N]."""
+        return self(X, diag=True)
+
+    def slice(self, X: torch.Tensor) -> torch.Tensor:
+        """The active columns of X [..., D_all] → [..., D]."""
+        if X.shape[-1] == self.input_dim and self.active_dims == list(range(self.input_dim)):
+            return X
+        return X[..., self.active_dims]
+
+    def weighted_cross(self, X: torch.Tensor, Z: torch.Tensor,
+                       weights: torch.Tensor | None = None) -> torch.Tensor:
+        """√w_n k(x_n, z_m) [*batch, N, M] (w = 1 when ``weights`` is None)."""
+        cross = self(X, Z)
+        return cross if weights is None else cross * weights.sqrt().unsqueeze(-1)
+
+    def weighted_gram(self, X: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor,
+                      y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ψ₂ = k(Z, X)Wk(X, Z) [*batch, M, M] and Ψ₁ = k(Z, X)Wy [*batch, M] (W = diag w)."""
+        G = self.weighted_cross(X, Z, weights)
+        return G.mT @ G, (G.mT @ (weights.sqrt() * y).unsqueeze(-1)).squeeze(-1)
+
+    # Composition ----------------------------------------------------------------------------
+    def __add__(self, other: Kernel) -> Kernel:
+        from pyrogp_models.kernels.combination import Sum
+
+        return Sum([self, other])
+
+    def __mul__(self, other: Kernel) -> Kernel:
+        from pyrogp_models.kernels.combination import Product
+
+        return Product([self, other])
+
+    # Description ----------------------------------------------------------------------------
+    def tree(self) -> dict:
+        """The kernel's structure as JSON: kind, active dimensions, which values are fixed."""
+        raise NotImplementedError
+
+    def named_values(self, prefix: str = "kernel") -> dict[str, torch.Tensor]:
+        """Every hyperparameter's (constrained) value under a name given by its place in the
+        tree: ``kernel.lengthscale``, ``kernel.1.0.period``, …"""
+        raise NotImplementedError
+
+    def parts(self) -> list[tuple[str, Kernel]]:
+        """(path, leaf) for every leaf of the tree, in order (``""`` for a leaf kernel)."""
+        raise NotImplementedError
+
+    def batched(self, batch_shape: Sequence[int]) -> Kernel:
+        """A new kernel of the same structure and values with every hyperparameter broadcast to
+        ``batch_shape`` (each member free to move on its own)."""
+        raise NotImplementedError
+
+    def converted(self, input_scale: torch.Tensor, input_shift: torch.Tensor,
+                  output_scale: float | torch.Tensor) -> Kernel:
+        """The same covariance for inputs x' = (x − shift)/scale and outputs a·y: k'(x', z') =
+        a² k(x, z). ``input_scale``, ``input_shift`` [D_all] (the full input); a frozen copy."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, batch_shape={tuple(self.batch_shape)}"
+
+
+def as_tensor(value, dtype: torch.dtype | None, device) -> torch.Tensor:
+    """``value`` as a tensor of ``dtype`` on ``device`` (float64 where neither value nor dtype
+    say otherwise)."""
+    if torch.is_tensor(value):
+        return value.to(dtype=dtype or value.dtype, device=device or value.device)
+    return torch.as_tensor(value, dtype=dtype or torch.get_default_dtype(), device=device)

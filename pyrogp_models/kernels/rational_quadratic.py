@@ -1,0 +1,31 @@
+"""The rational-quadratic kernel: a scale mixture of RBF kernels.
+
+    k(x, z) = σ² (1 + r²/(2α))^(−α),   r² = Σ_d (x_d − z_d)²/ℓ_d²,
+
+an RBF of lengthscale ℓ as α → ∞ (Rasmussen & Williams 2006, eq. 4.19; scikit-learn's
+``RationalQuadratic`` and ``pyro.contrib.gp.kernels.RationalQuadratic`` compute the same).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pyrogp_models.kernels.base import Role
+from pyrogp_models.kernels.leaf import Hyperparameter, Leaf
+from pyrogp_models.kernels.stationary import scaled_squared_distance
+
+
+class RationalQuadratic(Leaf):
+    """σ² (1 + r²/(2α))^(−α) (module docstring); hyperparameters ``lengthscale`` [*batch, D|1],
+    ``variance`` and ``alpha`` [*batch]."""
+
+    kind = "rq"
+    hyperparameters = (Hyperparameter("lengthscale", Role.INPUT_SCALE, per_dimension=True),
+                       Hyperparameter("variance", Role.OUTPUT_SCALE),
+                       Hyperparameter("alpha", Role.SHAPE))
+
+    def covariance(self, X: torch.Tensor, Z: torch.Tensor, same: bool) -> torch.Tensor:
+        """σ² (1 + r²/(2α))^(−α) [*batch, N, M]."""
+        r2 = scaled_squared_distance(X, Z, self.lengthscale)
+        alpha = self.alpha[..., None, None]
+        return self.variance[..., None, None] * (1.0 + r2 / (2.0 * alpha)).pow(-alpha)
