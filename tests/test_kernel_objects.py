@@ -40,8 +40,11 @@ def distances(A, B, lengthscale):
 
 
 # Closed forms, written out in NumPy (Rasmussen & Williams 2006, ch. 4) -------------------------
-def numpy_reference(kind: str, A, B, v=1.7, ls=np.array([0.8, 1.3]), alpha=0.6, period=1.9,
-                    pls=0.7, centre=np.array([0.2, -0.4])):
+LENGTHSCALES, CENTRE = np.array([0.8, 1.3]), np.array([0.2, -0.4])
+
+
+def numpy_reference(kind: str, A, B, v=1.7, ls=LENGTHSCALES, alpha=0.6, period=1.9, pls=0.7,
+                    centre=CENTRE):
     r = distances(A, B, ls)
     if kind == "rbf":
         return v * np.exp(-0.5 * r**2)

@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 
 import torch
+
 from pyrogp_models.kernels.base import Role
 from pyrogp_models.kernels.fused_rbf import rbf_weighted_cross_covariance, rbf_weighted_gram
 from pyrogp_models.kernels.leaf import Hyperparameter, Leaf
