@@ -16,9 +16,11 @@ from pyrogp_models.inference.fit_result import Fit
 from pyrogp_models.inference.local_fit import LocalFitSpec, PartitionedData, model_inputs
 from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
 
+from pyrogp_models.kernels import resolve_kernel
 from pyrogp_models.models.experts.exact import ExactExperts
 from pyrogp_models.models.experts.predictor import ExpertCombination
 from pyrogp_models.modules.record import Module
+from pyrogp_models.modules.units import kernel_in_model_units
 
 __all__ = ["DEFAULT_TRAIN_CONFIG", "ExactFit", "ExpertsSpec", "fit_exact_experts"]
 
@@ -29,10 +31,12 @@ DEFAULT_TRAIN_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=10, window=1
 
 @dataclass
 class ExpertsSpec:
-    """The shared kernel (family, ARD) and initial hyperparameters in standardised units, the
-    rule and weighting of the result's predictor, and names/info of the exported modules."""
+    """The shared kernel (a name or expression, or a kernel whose given values are in data
+    units; ARD for a name), initial lengthscales, variances and noise in standardised units for
+    what the kernel does not give, the rule and weighting of the result's predictor, and
+    names/info of the exported modules."""
 
-    kernel: str = "rbf"
+    kernel: str | torch.nn.Module = "rbf"
     ard: bool = False
     lengthscale: float = 1.0
     variance: float = 1.0
@@ -64,7 +68,9 @@ def fit_exact_experts(data: PartitionedData | tuple, spec: ExpertsSpec | None = 
     # Validated and standardised as for local Gaussian fits (targets standardised too).
     X_model, y_model, standardisation = model_inputs(
         X, y, LocalFitSpec(dtype=spec.dtype, device=spec.device))
-    model = ExactExperts(X_model, y_model, partition, spec.kernel, spec.ard, spec.lengthscale,
+    kernel = kernel_in_model_units(resolve_kernel(spec.kernel, X_model.shape[-1], spec.ard),
+                                   standardisation)
+    model = ExactExperts(X_model, y_model, partition, kernel, spec.ard, spec.lengthscale,
                          spec.variance, spec.noise)
     config = config or DEFAULT_TRAIN_CONFIG
     result = train(model, config=config) if config.steps > 0 else TrainResult(converged=True)

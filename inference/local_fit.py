@@ -21,12 +21,14 @@ from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
 
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.partitioners import Partition
+from pyrogp_models.kernels import resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.models.experts.predictor import ExpertCombination
 from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.routing import as_predictor
+from pyrogp_models.modules.units import kernel_in_model_units
 
 #: The product-of-experts rule that combines modules of a random partition.
 RANDOM_PARTITION_RULE = "rbcm"
@@ -57,6 +59,12 @@ class LocalFitSpec:
     passes the ``standardisation`` and the initial ``inducing`` inputs (model units, one
     [M_k, D] per partition) computed from all the data.
 
+    ``kernel`` is a name or expression (``"rbf + periodic(period=1) * rbf"``), a kernel of
+    :mod:`pyrogp_models.kernels` — the values it gives are initial values **in data units**, the
+    others come from each partition's data — or a ``pyro.contrib.gp`` kernel (or any PyroModule
+    with ``forward(X, Z=None, diag=False)``), which sees standardised inputs. ``ard`` gives every
+    leaf of a kernel given by name one lengthscale per input dimension.
+
     ``collapsed=None`` (the default) is the collapsed bound for a Gaussian likelihood without
     minibatches and the uncollapsed ELBO otherwise; ``noise=None`` initialises every
     partition's Gaussian noise from its own data (:class:`LocalGPs`)."""
@@ -64,7 +72,7 @@ class LocalFitSpec:
     num_inducing: int | Sequence[int] = 10
     likelihood: str = "gaussian"
     likelihood_options: dict = field(default_factory=dict)
-    kernel: str = "rbf"
+    kernel: str | torch.nn.Module = "rbf"
     ard: bool = False
     inducing_init: str = "kmeans"
     learn_inducing: bool = True
@@ -115,8 +123,11 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
     spec = spec or LocalFitSpec()
     config = config or default_config(spec)
     X_model, y_model, standardisation = model_inputs(X, y, spec, spec.standardisation)
+    kernel = kernel_in_model_units(resolve_kernel(spec.kernel, X_model.shape[-1], spec.ard),
+                                   standardisation,
+                                   LIKELIHOODS[spec.likelihood].standardise_targets)
     model = LocalGPs(X_model, y_model, partition, spec.num_inducing, spec.likelihood,
-                     spec.likelihood_options, spec.kernel, spec.ard, spec.inducing_init,
+                     spec.likelihood_options, kernel, spec.ard, spec.inducing_init,
                      spec.learn_inducing, collapsed_bound(spec), spec.batch_size,
                      noise=spec.noise, generator=seeded_generator(config, spec),
                      inducing=spec.inducing)

@@ -27,13 +27,14 @@ from pyrogp_models.data.inducing import grid_inducing
 from pyrogp_models.data.kmeans import kmeans
 from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
-from pyrogp_models.kernels import Stationary
+from pyrogp_models.kernels import Kernel, Leaf, Stationary, kernel_text, resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS, make_likelihood
 from pyrogp_models.models.meta.meta_gp import MetaGP, choose_likelihood
 from pyrogp_models.models.meta.multioutput import MultiOutputMetaGP
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.stack import ModuleStack, clip_site_precisions
+from pyrogp_models.modules.units import kernel_in_model_units
 
 
 @dataclass
@@ -52,8 +53,10 @@ class RecycleSpec:
 
     ``num_inducing``: M of the meta-GP. ``collapsed``: learn ψ_*, Z_* on the collapsed bound
     L_E^* (q(v) at its optimum); the default ``None`` is the collapsed bound unless raw data with
-    a non-Gaussian likelihood are fitted too. ``kernel``/``ard``: the global kernel
-    family and ARD flag (default: the modules' most common family; ARD if any module is ARD).
+    a non-Gaussian likelihood are fitted too. ``kernel``: the global kernel, a name,
+    expression or kernel object (:func:`initial_global_kernel`; default: the kernel structure
+    most modules share); ``ard``: one lengthscale per dimension for a kernel given by name
+    (default: if any module has ARD).
     ``inducing_init``: ``"kmeans"`` or ``"grid"``.
     ``on_unbounded``: ``"raise"`` or ``"warn"`` when the bound is unbounded above;
     ``repair_sites`` clips the modules' site precisions first. ``likelihood`` /
@@ -63,7 +66,7 @@ class RecycleSpec:
 
     num_inducing: int = 35
     collapsed: bool | None = None
-    kernel: str | None = None
+    kernel: str | torch.nn.Module | None = None
     ard: bool | None = None
     inducing_init: str = "kmeans"
     learn_inducing: bool = True
@@ -130,12 +133,8 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
                           (stack.groups if stack is not None else ())),
                         *([raw_X] if raw_X is not None else [])])
     inducing = initial_inducing(points, num_inducing, spec.inducing_init, config.seed)
-    family = spec.kernel or (stack.most_common_kernel() if stack is not None else "rbf")
-    ard = spec.ard if spec.ard is not None else (
-        stack is not None and any(m.ard for m in stack.modules.values()))
-    lengthscale, variance = initial_hyperparameters(stack, inducing.shape[-1], ard)
-    kernel = Stationary(family, inducing.shape[-1], (), ard, lengthscale, variance,
-                        spec.dtype, spec.device)
+    kernel = initial_global_kernel(stack, spec, inducing.shape[-1], standardisation,
+                                   likelihood is None or likelihood.standardise_targets)
     meta = MetaGP(stack, inducing, kernel, likelihood=likelihood, raw_X=raw_X, raw_y=raw_y,
                   collapsed=collapsed, learn_inducing=spec.learn_inducing,
                   learn_kernel=spec.learn_kernel, jitter=spec.jitter,
@@ -200,17 +199,48 @@ def initial_inducing(points: torch.Tensor, num_inducing: int, method: str = "kme
     return grid_inducing(points, num_inducing)
 
 
-def initial_hyperparameters(stack: ModuleStack | None, input_dim: int, ard: bool
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Median lengthscale ([D] with ARD, else [1]) and median variance over the modules (1.0 and
-    1.0 without modules)."""
-    if stack is None:
-        return torch.ones(input_dim if ard else 1), torch.ones(())
-    lengthscales = torch.stack([m.lengthscale[0].expand(input_dim)
-                                for m in stack.modules.values()])
-    variances = torch.stack([m.variance[0] for m in stack.modules.values()])
-    lengthscale = lengthscales.median(0).values if ard else lengthscales.median().reshape(1)
-    return lengthscale, variances.median()
+def initial_global_kernel(stack: ModuleStack | None, spec: RecycleSpec, input_dim: int,
+                          standardisation, standardise_targets: bool) -> Kernel:
+    """The meta-GP's kernel ψ_* (batch shape ()): ``spec.kernel`` — a name, expression or
+    kernel whose given values are in data units; each value it does not give starts at the
+    median of the modules' values for a leaf of the same kind (else its default) — or, without
+    one, the kernel structure most modules share with the median of their values (an RBF of
+    lengthscale and variance 1 without modules)."""
+    ard = spec.ard if spec.ard is not None else stack is not None and any(
+        getattr(leaf, "ard", False) for m in stack.modules.values() for _, leaf in m.kernel.parts())
+    if spec.kernel is None:
+        kernel = stack.most_common_kernel() if stack is not None else None
+        if kernel is None:
+            kernel = resolve_kernel("rbf", input_dim, ard)
+    else:
+        kernel = kernel_in_model_units(resolve_kernel(spec.kernel, input_dim, ard),
+                                       standardisation, standardise_targets)
+        if stack is not None:
+            _fill_from_modules(kernel, stack)
+    return kernel.to(dtype=spec.dtype, device=spec.device)
+
+
+def _fill_from_modules(kernel: Kernel, stack: ModuleStack) -> None:
+    """Set every value ``kernel`` does not give to the modules' median for its kind."""
+    for _, leaf in kernel.parts():
+        if not isinstance(leaf, Leaf):
+            continue
+        same = [part for module in stack.modules.values() for _, part in module.kernel.parts()
+                if isinstance(part, Leaf) and part.kind == leaf.kind]
+        for h in leaf.hyperparameters:
+            if h.name in leaf.given or not same:
+                continue
+            shape = leaf.value_shape(h)
+            values = torch.stack([_shaped(getattr(part, h.name)[0].detach(), shape)
+                                  for part in same])
+            leaf.assign(h.name, values.median(0).values)
+
+
+def _shaped(value: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``value`` as ``shape``: broadcast, or (per-dimension values of another width) its mean."""
+    if value.numel() == 1 or value.shape == shape:
+        return value.expand(shape)
+    return value.mean(-1, keepdim=True).expand(shape)
 
 
 def initial_mixing(stack: ModuleStack, inducing: torch.Tensor, num_latent: int,
@@ -270,10 +300,12 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
         stack, _ = clip_site_precisions(stack)
     points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
     inducing = initial_inducing(points, spec.num_inducing, spec.inducing_init, config.seed)
-    ard = spec.ard if spec.ard is not None else any(m.ard for m in stack.modules.values())
-    lengthscale, _ = initial_hyperparameters(stack, inducing.shape[-1], ard)
-    meta = MultiOutputMetaGP(stack, inducing.expand(num_latent, -1, -1), spec.kernel or
-                             stack.most_common_kernel(), lengthscale.expand(num_latent, -1),
+    kernel = initial_global_kernel(stack, spec, inducing.shape[-1], stack.standardisation, True)
+    if not isinstance(kernel, Stationary):
+        raise ValueError("the multi-output meta-GP's latent functions take one stationary "
+                         f"kernel (rbf, matern12, matern32, matern52), not {kernel_text(kernel)}")
+    meta = MultiOutputMetaGP(stack, inducing.expand(num_latent, -1, -1), kernel.family,
+                             kernel.lengthscale.detach().expand(num_latent, -1),
                              initial_mixing(stack, inducing, num_latent, config.seed),
                              learn_inducing=spec.learn_inducing, jitter=spec.jitter,
                              on_unbounded=spec.on_unbounded, check_every=config.window)

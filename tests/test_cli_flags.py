@@ -70,10 +70,10 @@ def test_kernel_and_float32_reach_the_fit(capsys, folder, data_csv, arrays):
     run_ok(capsys, *fit_args(data_csv, "y", folder / "m32_single", "--inducing", 6, "--kernel",
                              "matern32", "--float32"))
     double, single = load_modules(folder / "m32"), load_modules(folder / "m32_single")
-    assert {m.kernel_family for m in double.values()} == {"matern32"}
-    assert {m.kernel_family for m in single.values()} == {"matern32"}
+    assert {m.kernel.kind for m in double.values()} == {"matern32"}
+    assert {m.kernel.kind for m in single.values()} == {"matern32"}
     assert all(m.q_mean.dtype == m.q_chol.dtype == torch.float64 for m in double.values())
-    assert all(m.q_mean.dtype == m.q_chol.dtype == m.lengthscale.dtype == torch.float32
+    assert all(m.q_mean.dtype == m.q_chol.dtype == m.kernel.lengthscale.dtype == torch.float32
                for m in single.values())
 
     spec = LocalFitSpec(num_inducing=6, kernel="matern32",
@@ -193,7 +193,7 @@ def test_fit_experts_kernel_reaches_the_fit(capsys, folder, data_csv, arrays):
     run_ok(capsys, "fit-experts", data_csv, "--target", "y", "--features", "x", "--experts", 2,
            "--kernel", "matern52", "--steps", 3, "--out", folder / "experts52")
     modules = load_modules(folder / "experts52")
-    assert {m.kernel_family for m in modules.values()} == {"matern52"}
+    assert {m.kernel.kind for m in modules.values()} == {"matern52"}
     spec = ExpertsSpec(kernel="matern52", info={"features": ["x"], "target": "y"})
     python = fit_exact_experts((X, arrays["y"], partition_kmeans(X, 2, 0)), spec,
                                replace(EXPERTS_CONFIG, seed=0, steps=3))

@@ -12,7 +12,7 @@ from pyrogp_models.gaussian.expectations import (
     contrastive_quadratic,
     gaussian_cross_entropy,
 )
-from pyrogp_models.kernels import Stationary, stationary_covariance
+from pyrogp_models.kernels import Stationary, stationary_covariance, stationary_kernel
 from pyrogp_models.models.meta.meta_gp import MetaGP
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.stack import ModuleStack
@@ -31,7 +31,8 @@ def random_module(name, Z, lengthscale=0.6, variance=1.5, jitter=1e-6, family="r
     prior = prior + jitter * prior.diagonal().mean() * torch.eye(M)
     site = torch.randn(M, M)
     covariance = torch.linalg.inv(torch.linalg.inv(prior) + site @ site.T)
-    return Module(family, torch.tensor([[lengthscale]]), torch.tensor([variance]), "gaussian", {},
+    kernel = stationary_kernel(family, torch.tensor([[lengthscale]]), torch.tensor([variance]), 1)
+    return Module(kernel, "gaussian", {},
                   {"variance": torch.tensor(0.1)}, Z, torch.randn(1, M),
                   torch.linalg.cholesky(covariance).unsqueeze(0), 50, -10.0,
                   Standardisation(np.zeros(1), np.ones(1), 0.0, 1.0), jitter, {"name": name})

@@ -113,7 +113,7 @@ def test_combination_equals_rules_on_per_module_predictions(exact_fit, svgp_modu
                 np.testing.assert_allclose(got.numpy(), want.numpy(), **TOL)
         # the documented prior and noise: means over the experts (one standardisation here)
         m, v = mean.numpy(), var.numpy()
-        prior = np.mean([float(module.variance) for module in modules.values()])
+        prior = np.mean([float(module.kernel.variance) for module in modules.values()])
         prior_mean = np.mean([float(module.prior_mean) for module in modules.values()])
         noise = np.mean([float(module.likelihood_params["variance"])
                          for module in modules.values()])

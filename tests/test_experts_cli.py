@@ -49,7 +49,7 @@ def test_fit_experts_writes_a_module_folder(experts):
         assert module.info["features"] == ["x1", "x2"]
         assert module.info["target"] == "y"
         assert module.info["expert"] == "exact"
-    lengthscales = [module.lengthscale for module in modules.values()]
+    lengthscales = [module.kernel.lengthscale for module in modules.values()]
     assert all(torch.equal(lengthscales[0], other) for other in lengthscales[1:])
     assert lengthscales[0].numel() == 2  # --ard
 

@@ -151,8 +151,8 @@ def test_collapsed_fits_are_always_recyclable(steps):
         s = module.standardisation
         X_k = (X[partition.assignments == k] - s.x_mean) / s.x_scale
         Z = module.inducing[0].numpy() if module.inducing.dim() == 3 else module.inducing.numpy()
-        lengthscale = module.lengthscale[0].numpy()
-        variance = float(module.variance[0])
+        lengthscale = module.kernel.lengthscale[0].numpy()
+        variance = float(module.kernel.variance[0])
         K = module.prior_cholesky()[0].numpy()
         K = K @ K.T  # with the module's jitter
         S_chol = module.q_chol[0].numpy()

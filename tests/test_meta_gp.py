@@ -22,7 +22,7 @@ from pyrogp_models.errors import (
     UnboundedBoundError,
 )
 from pyrogp_models.gaussian import conditionals
-from pyrogp_models.kernels import Stationary, stationary_covariance
+from pyrogp_models.kernels import Stationary, stationary_covariance, stationary_kernel
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.models.local.svgp import BatchedSVGP
@@ -76,7 +76,9 @@ def svgp_elbo(X, y, Z, mean_u, cov_u, noise=NOISE):
 def make_module(name, Z, mean, cov, num_data=10, elbo=0.0, standardisation=IDENTITY,
                 lengthscale=LENGTHSCALE, variance=VARIANCE, likelihood="gaussian", noise=NOISE):
     params = {"variance": torch.tensor(noise)} if likelihood == "gaussian" else {}
-    return Module("rbf", torch.tensor([[lengthscale]]), torch.tensor([variance]), likelihood, {},
+    kernel = stationary_kernel("rbf", torch.tensor([[lengthscale]]), torch.tensor([variance]),
+                               Z.shape[-1])
+    return Module(kernel, likelihood, {},
                   params, Z, mean.reshape(1, -1), torch.linalg.cholesky(cov).unsqueeze(0),
                   num_data, float(elbo), standardisation, JITTER, {"name": name})
 
@@ -442,7 +444,9 @@ def heterogeneous_modules():
         module = make_module(f"h{k}", Z, torch.randn(size, generator=generator),
                              root @ root.T + 0.05 * torch.eye(size),
                              lengthscale=0.5 + 0.2 * k, variance=1.0 + 0.3 * k)
-        modules[f"h{k}"] = replace(module, kernel_family=family)
+        kernel = stationary_kernel(family, torch.tensor([[0.5 + 0.2 * k]]),
+                                   torch.tensor([1.0 + 0.3 * k]), 1)
+        modules[f"h{k}"] = replace(module, kernel=kernel)
     return modules
 
 
@@ -557,8 +561,7 @@ def test_incompatible_modules_are_named(single_module):
         ModuleStack.from_modules({"one": single_module, "wide": wide})
     two_latents = replace(single_module, q_mean=single_module.q_mean.expand(2, -1),
                           q_chol=single_module.q_chol.expand(2, -1, -1),
-                          lengthscale=single_module.lengthscale.expand(2, -1),
-                          variance=single_module.variance.expand(2))
+                          kernel=single_module.kernel.batched((2,)))
     with pytest.raises(IncompatibleModulesError, match="'two'.*single-latent"):
         ModuleStack.from_modules({"one": single_module, "two": two_latents})
 

@@ -26,7 +26,7 @@ from pyrogp_models.models.distributed_kernel.files import save_distributed_kerne
 from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.modules import files as module_files
 from pyrogp_models.modules.routing import load_predictor
-from pyrogp_models.modules.signed import digest
+from pyrogp_models.modules.signed import digest, signed_bytes
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +40,16 @@ def modules():
 
 
 def same_module(a, b):
-    tensors = ("lengthscale", "variance", "inducing", "q_mean", "q_chol")
+    tensors = ("inducing", "q_mean", "q_chol")
+    kernel_a, kernel_b = a.kernel.named_values(), b.kernel.named_values()
     return (all(torch.equal(getattr(a, t), getattr(b, t)) for t in tensors)
+            and kernel_a.keys() == kernel_b.keys()
+            and all(torch.equal(kernel_a[k], kernel_b[k]) for k in kernel_a)
             and a.likelihood_params.keys() == b.likelihood_params.keys()
             and all(torch.equal(a.likelihood_params[k], b.likelihood_params[k])
                     for k in a.likelihood_params)
-            and (a.kernel_family, a.likelihood_name, a.likelihood_options, a.num_data, a.elbo,
-                 a.jitter, a.info) == (b.kernel_family, b.likelihood_name, b.likelihood_options,
+            and (a.kernel.tree(), a.likelihood_name, a.likelihood_options, a.num_data, a.elbo,
+                 a.jitter, a.info) == (b.kernel.tree(), b.likelihood_name, b.likelihood_options,
                                        b.num_data, b.elbo, b.jitter, b.info)
             and a.standardisation.to_dict() == b.standardisation.to_dict())
 
@@ -171,7 +174,7 @@ def tampered(module, edit):
     (lambda t: t.update(q_mean=t["q_mean"][:, :-1].contiguous()), "q_mean has shape"),
     (lambda t: t.update(inducing=t["inducing"][:, :1].contiguous()), "shape"),
     (lambda t: t["q_chol"].__setitem__((0, 1, 1), math.nan), "NaN"),
-    (lambda t: t["variance"].__setitem__(0, -1.0), "positive"),
+    (lambda t: t["kernel.variance"].__setitem__(0, -1.0), "positive"),
     (lambda t: t["q_chol"].__setitem__((0, 0, 1), 0.5), "lower Cholesky"),
     (lambda t: t["q_chol"].__setitem__((0, 2, 2), 0.0), "lower Cholesky"),
 ])
@@ -190,15 +193,32 @@ def test_newer_format_version_is_refused(modules, tmp_path, monkeypatch):
         module_files.load_module(path)
 
 
-def test_version_1_files_load_with_a_zero_prior_mean(modules, tmp_path, monkeypatch):
-    """A version-1 file has no prior_mean tensor: written as that version did, it loads."""
+def earlier_format_bytes(module, version: int) -> bytes:
+    """A module file as formats 1 and 2 wrote it: one stationary family with ``lengthscale``
+    [L, D|1] and ``variance`` [L] (format 1 without ``prior_mean``)."""
+    tensors = {"lengthscale": module.kernel.lengthscale, "variance": module.kernel.variance,
+               "inducing": module.inducing, "q_mean": module.q_mean, "q_chol": module.q_chol,
+               **{f"likelihood.{k}": v for k, v in module.likelihood_params.items()}}
+    if version >= 2:
+        tensors["prior_mean"] = module.prior_mean
+    record = {"format": "pyrogp-module", "format_version": version,
+              "kernel_family": module.kernel.kind, "likelihood_name": module.likelihood_name,
+              "likelihood_options": module.likelihood_options, "num_data": module.num_data,
+              "elbo": module.elbo, "standardisation": module.standardisation.to_dict(),
+              "jitter": module.jitter, "info": module.info}
+    return signed_bytes(record, {k: v.detach().contiguous() for k, v in tensors.items()})
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_files_of_earlier_formats_load(modules, tmp_path, version):
+    """Files written before kernels were trees (format 3) load and predict the same; format 1
+    has no prior_mean (zero)."""
     module = modules["part000"]
-    with monkeypatch.context() as patch:
-        patch.setattr(module_files, "FORMAT_VERSION", 1)
-        patch.setattr(module_files, "_TENSOR_FIELDS", module_files._TENSOR_FIELDS[:-1])
-        path = module_files.save_module(module, tmp_path / "v1")
+    path = tmp_path / f"v{version}.safetensors"
+    path.write_bytes(earlier_format_bytes(module, version))
     loaded = module_files.load_module(path)
-    assert loaded.format_version == 1 and torch.equal(loaded.prior_mean, torch.zeros(1))
+    assert loaded.format_version == version and torch.equal(loaded.prior_mean, torch.zeros(1))
+    assert loaded.kernel.tree() == module.kernel.tree()
     torch.testing.assert_close(loaded.predict_y(np.zeros((2, 2)))[0],
                                module.predict_y(np.zeros((2, 2)))[0], rtol=0, atol=0)
 

@@ -1,6 +1,7 @@
 """The cached tensors of a module stack: batched prior factors, site parameters, conversions and
 the vectorised compatibility checks."""
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 
 from pyrogp_models.data import Standardisation
 from pyrogp_models.errors import CholeskyError, IncompatibleModulesError
+from pyrogp_models.kernels import stationary_kernel
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.stack import ModuleStack, check_compatible, clip_site_precisions
 
@@ -23,8 +25,9 @@ def random_module(name, size, family="rbf", ard=False, jitter=1e-6, seed=0, scal
                                     dtype=torch.float64))
     root = scale * torch.randn(size, size, generator=generator, dtype=torch.float64)
     chol = torch.linalg.cholesky(root @ root.T + 0.05 * torch.eye(size, dtype=torch.float64))
-    return Module(family, lengthscale, torch.tensor([1.0 + seed / 10], dtype=torch.float64),
-                  "gaussian", {}, {"variance": torch.tensor(0.1, dtype=torch.float64)},
+    kernel = stationary_kernel(family, lengthscale,
+                               torch.tensor([1.0 + seed / 10], dtype=torch.float64), 2)
+    return Module(kernel, "gaussian", {}, {"variance": torch.tensor(0.1, dtype=torch.float64)},
                   Z, torch.randn(1, size, generator=generator, dtype=torch.float64),
                   chol.unsqueeze(0), 10, 0.0, standardisation, jitter, {"name": name}).to(dtype)
 
@@ -41,8 +44,10 @@ def mixed_modules():
 def test_batched_prior_factors_equal_the_modules_own():
     modules = mixed_modules()
     stack = ModuleStack.from_modules(modules)
-    assert [(g.family, g.num_inducing) for g in stack.groups] == [
-        ("matern52", 3), ("rbf", 3), ("matern12", 4), ("matern32", 4)]
+    groups = sorted((g.kernel.kind, g.kernel.ard, g.num_inducing, len(g.names))
+                    for g in stack.groups)  # one group per kernel structure and M_k
+    assert groups == [("matern12", False, 4, 1), ("matern32", True, 4, 1),
+                      ("matern52", False, 3, 1), ("rbf", False, 3, 2), ("rbf", True, 3, 1)]
     assert sorted(name for g in stack.groups for name in g.names) == sorted(modules)
     for group in stack.groups:
         for name, chol in zip(group.names, group.prior_chol, strict=True):
@@ -99,7 +104,9 @@ def test_modules_are_converted_only_when_needed():
 
 def test_a_failing_prior_factor_names_its_module():
     modules = mixed_modules()
-    modules["c"] = replace(modules["c"], variance=torch.tensor([-1.0], dtype=torch.float64))
+    broken = modules["c"].inducing.clone()
+    broken[0, 0] = math.nan  # no jitter on the ladder makes K_zz positive definite
+    modules["c"] = replace(modules["c"], inducing=broken)
     with pytest.raises(CholeskyError, match="module 'c'"):
         ModuleStack.from_modules(modules)
 

@@ -15,7 +15,7 @@ from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import partition_by_label
 from pyrogp_models.errors import UnboundedBoundError
 from pyrogp_models.gaussian import conditionals
-from pyrogp_models.kernels import Stationary, stationary_covariance
+from pyrogp_models.kernels import Stationary, stationary_covariance, stationary_kernel
 from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning
 from pyrogp_models.models.meta.meta_gp import MetaGP
 from pyrogp_models.models.meta.multioutput import MultiOutputMetaGP
@@ -37,7 +37,8 @@ def posterior_module(name, Z, lengthscale, variance=1.0, y_scale=1.0):
                                  torch.tensor(variance))
     sigma = K + K_uf @ K_uf.T / 0.05
     mean, cov = K @ torch.linalg.solve(sigma, K_uf @ y) / 0.05, K @ torch.linalg.solve(sigma, K)
-    return Module("rbf", torch.tensor([[lengthscale]]), torch.tensor([variance]), "gaussian", {},
+    kernel = stationary_kernel("rbf", torch.tensor([[lengthscale]]), torch.tensor([variance]), 1)
+    return Module(kernel, "gaussian", {},
                   {"variance": torch.tensor(0.05)}, Z, mean.unsqueeze(0),
                   torch.linalg.cholesky(cov).unsqueeze(0), 20, 0.0,
                   Standardisation(np.zeros(1), np.ones(1), 0.0, y_scale), JITTER,

@@ -19,6 +19,7 @@ from helpers import (
     write_csv,
 )
 from pyrogp_models.data import Standardisation, load_table
+from pyrogp_models.kernels import stationary_kernel
 from pyrogp_models.modules.files import load_module, load_modules, save_modules
 from pyrogp_models.modules.record import Module
 
@@ -158,7 +159,8 @@ def unbounded_dir(folder):
     for k in range(5):
         Z = torch.linspace(0.0, 1.0, 5).unsqueeze(-1) + 0.02 * k
         modules[f"o{k}"] = Module(
-            "rbf", torch.tensor([[0.3]]), torch.tensor([2.0]), "gaussian", {},
+            stationary_kernel("rbf", torch.tensor([[0.3]]), torch.tensor([2.0]), 1), "gaussian",
+            {},
             {"variance": torch.tensor(0.1)}, Z, torch.randn(1, 5), torch.eye(5).unsqueeze(0),
             10, 0.0, identity, 1e-9, {"name": f"o{k}", "features": ["x"], "target": "y"})
     return save_modules(modules, folder / "unbounded")

@@ -9,6 +9,7 @@ import torch
 from pyrogp_models.inference.commands.common import MAX_ROWS, describe_rule, report_modules
 from pyrogp_models.inference.tables import format_number, format_table
 
+from pyrogp_models.kernels import kernel_text
 from pyrogp_models.models.distributed_kernel.files import is_distributed_kernel_file
 from pyrogp_models.models.multitask import MultitaskPredictor
 from pyrogp_models.models.multitask.families import SUMMARIES
@@ -42,22 +43,18 @@ def run(args: argparse.Namespace) -> int:
     modules = load_modules_from(path)
     rule = partition_rule(path)
     print(report_modules(modules, {
-        "N": lambda m: m.num_data, "M": lambda m: m.num_inducing, "kernel": _kernel,
-        "lengthscale": lambda m: _values(m.lengthscale),
-        "variance": lambda m: _values(m.variance), "likelihood": _likelihood,
+        "N": lambda m: m.num_data, "M": lambda m: m.num_inducing,
+        "kernel (data units)": lambda m: kernel_text(m.data_unit_kernel(), 3),
+        "likelihood": _likelihood,
         "ELBO": lambda m: m.elbo}, args.verbose))
     first = next(iter(modules.values()))
     rule_text = describe_rule(rule) if rule else first.info.get("partition_rule", "none")
     print(f"\npartition rule: {rule_text}")
     if "features" in first.info:
         print(f"features: {', '.join(first.info['features'])}; target: {first.info.get('target')}")
-    print("kernel and Gaussian noise parameters are in standardised units; flags: ELBO per point "
-          "far below the siblings' (outlier), a fit that stopped unconverged")
+    print("the kernel is in data units, Gaussian noise in standardised units; flags: ELBO per "
+          "point far below the siblings' (outlier), a fit that stopped unconverged")
     return 0
-
-
-def _kernel(module: Module) -> str:
-    return f"{module.kernel_family}{' (ARD)' if module.ard else ''}"
 
 
 def _values(tensor: torch.Tensor) -> str:

@@ -29,6 +29,7 @@ from pyrogp_models.errors import (
     MixedLikelihoodsError,
     UnboundedBoundError,
 )
+from pyrogp_models.kernels import kernel_text
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning, describe_unbounded
 from pyrogp_models.modules.files import (
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     if raw is not None:
         sources += f" and {len(raw.y)} raw points"
     print(f"recycled {sources} into a meta-GP with M = {args.inducing} "
-          f"({module.kernel_family} kernel, "
+          f"(kernel {kernel_text(module.data_unit_kernel(), 3)}, "
           f"{'collapsed' if collapsed else 'uncollapsed'} bound)")
     if clipped:
         print(f"site repair clipped {_count(sum(clipped.values()), 'direction')} in "

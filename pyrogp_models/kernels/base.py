@@ -132,7 +132,8 @@ class Kernel(PyroModule):
     def converted(self, input_scale: torch.Tensor, input_shift: torch.Tensor,
                   output_scale: float | torch.Tensor) -> Kernel:
         """The same covariance for inputs x' = (x − shift)/scale and outputs a·y: k'(x', z') =
-        a² k(x, z). ``input_scale``, ``input_shift`` [D_all] (the full input); a frozen copy."""
+        a² k(x, z). ``input_scale``, ``input_shift`` [D_all] (the full input); ``output_scale``
+        a number or one per member of the batch; a new kernel."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:

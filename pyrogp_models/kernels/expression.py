@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 
+import torch
+
 from pyrogp_models.kernels.base import Kernel
 from pyrogp_models.kernels.combination import Product, Sum
 from pyrogp_models.kernels.registry import HYPERPARAMETERS, KINDS
@@ -33,8 +35,8 @@ class KernelExpressionError(ValueError):
 
 
 class _Parser:
-    def __init__(self, text: str, input_dim: int):
-        self.text, self.input_dim = text, input_dim
+    def __init__(self, text: str, input_dim: int, ard: bool):
+        self.text, self.input_dim, self.ard = text, input_dim, ard
         self.tokens: list[tuple[str, str, int]] = []
         position = 0
         while position < len(text):
@@ -125,8 +127,9 @@ class _Parser:
                 raise self.error(f"'{value}' uses input column {dim}, but the data have "
                                  f"{self.input_dim}", position)
         try:
-            return KINDS[name](len(dims), active_dims=dims, ard=options["ard"],
-                               fixed=options["fixed"], **options["values"])
+            return KINDS[name](len(dims), active_dims=dims, ard=options["ard"] or self.ard,
+                               fixed=options["fixed"], dtype=torch.float64,
+                               **options["values"])
         except ValueError as error:
             raise self.error(str(error), position) from None
 
@@ -178,7 +181,8 @@ class _Parser:
         return int(value)
 
 
-def parse_kernel(text: str, input_dim: int) -> Kernel:
-    """The kernel written in ``text`` (module docstring) for inputs of ``input_dim`` columns;
-    its values are in data units, unbatched. Raises :class:`KernelExpressionError`."""
-    return _Parser(text, input_dim).parse()
+def parse_kernel(text: str, input_dim: int, ard: bool = False) -> Kernel:
+    """The kernel written in ``text`` (module docstring) for inputs of ``input_dim`` columns
+    (``ard``: every leaf with one value per dimension); its values are in data units, float64,
+    unbatched. Raises :class:`KernelExpressionError`."""
+    return _Parser(text, input_dim, ard).parse()

@@ -65,6 +65,14 @@ class Leaf(Kernel):
             value = as_tensor(values.get(h.name, h.default), dtype, device)
             self._set(h, value.expand(self.value_shape(h)).clone())
 
+    def assign(self, name: str, value: torch.Tensor) -> None:
+        """Set hyperparameter ``name`` to ``value`` (broadcast to its shape), keeping whether
+        it is fixed or trained."""
+        h = next(h for h in self.hyperparameters if h.name == name)
+        reference = getattr(self, name)
+        value = value.to(dtype=reference.dtype, device=reference.device)
+        self._set(h, value.expand(self.value_shape(h)).clone())
+
     def value_shape(self, h: Hyperparameter) -> tuple[int, ...]:
         """The shape of hyperparameter ``h``'s value."""
         if h.per_dimension:
@@ -136,17 +144,22 @@ class Leaf(Kernel):
         for h in self.hyperparameters:
             value = getattr(self, h.name).detach()
             trailing = value.shape[len(self.batch_shape):]
-            values[h.name] = value.expand(*batch, *trailing).clone()
+            values[h.name] = value.expand(torch.Size([*batch, *trailing])).clone()
         return self.rebuilt(values, batch_shape=batch)
 
     def converted(self, input_scale: torch.Tensor, input_shift: torch.Tensor,
                   output_scale: float | torch.Tensor) -> Leaf:
-        """Values for inputs (x − shift)/scale and outputs × a (see :class:`Role`)."""
+        """Values for inputs (x − shift)/scale and outputs × a (see :class:`Role`); ``a`` may
+        have the batch shape (one per member). A per-dimension value the user gave (all of a
+        fitted kernel's) becomes one per dimension where the scales differ; one not given keeps
+        its form (a fit initialises it from the data)."""
         scale = input_scale[..., self.active_dims]
         shift = input_shift[..., self.active_dims]
         values = self.values()
         varies = bool((scale != scale[..., :1]).any())
-        ard = self.ard or varies
+        ard = self.ard or (varies and any(h.per_dimension and h.role is not Role.SHAPE
+                                          and h.name in self.given
+                                          for h in self.hyperparameters))
         for h in self.hyperparameters:
             value = values[h.name]
             if h.per_dimension and ard and not self.ard:
@@ -158,7 +171,8 @@ class Leaf(Kernel):
             elif h.role is Role.SLOPE:
                 value = value * (scale if ard else scale[..., :1]) ** 2
             if h.role in (Role.OUTPUT_SCALE, Role.SLOPE):
-                value = value * torch.as_tensor(output_scale, dtype=value.dtype,
-                                                device=value.device) ** 2
+                factor = torch.as_tensor(output_scale, dtype=value.dtype, device=value.device)
+                factor = factor.reshape(factor.shape + (1,) * (value.dim() - factor.dim()))
+                value = value * factor**2
             values[h.name] = value
         return self.rebuilt(values, ard=ard)

@@ -90,6 +90,10 @@ def kernel_from_tree(tree: Mapping, values: Mapping[str, torch.Tensor], prefix: 
         if name not in values:
             raise ModuleFileError(f"kernel '{prefix}': missing tensor '{name}'")
         found[h.name] = values[name]
+        if not bool(torch.isfinite(found[h.name]).all()):
+            raise ModuleFileError(f"kernel '{prefix}': '{h.name}' contains NaN or inf")
+        if h.positive and not bool((found[h.name] > 0).all()):
+            raise ModuleFileError(f"kernel '{prefix}': '{h.name}' must be positive")
     reference = next(iter(found.values()))
     batch_shape = reference.shape[:batch_dims]
     try:

@@ -174,3 +174,13 @@ def Matern52(input_dim: int, **kwargs) -> Stationary:
     """Matérn ν = 5/2 kernel σ² (1 + √5 r + 5r²/3) exp(−√5 r), r as for :func:`RBF`: a
     :class:`Stationary` of family ``"matern52"``."""
     return Stationary("matern52", input_dim, **kwargs)
+
+
+def stationary_kernel(family: str, lengthscale: torch.Tensor, variance: torch.Tensor,
+                      input_dim: int) -> Stationary:
+    """A frozen kernel of ``family`` with one set of values per latent function: lengthscale
+    [L, D] (ARD) or [L, 1] and variance [L] (batch shape (L,)), as module files before format 3
+    stored it."""
+    return Stationary(family, input_dim, tuple(variance.shape), ard=lengthscale.shape[-1] > 1,
+                      lengthscale=lengthscale, variance=variance, dtype=lengthscale.dtype,
+                      device=lengthscale.device).requires_grad_(False)

@@ -1,7 +1,8 @@
 """Module files: safetensors for the tensors, JSON for the rest; loading never unpickles.
 
 One module is one signed ``.safetensors`` file (:mod:`pyrogp_models.modules.signed`): its
-record holds the kernel family, likelihood, standardisation, N, ELBO, format version, ..., and a
+record holds the kernel's tree (:meth:`~pyrogp_models.kernels.base.Kernel.tree`; its values are
+tensors ``kernel.…``), likelihood, standardisation, N, ELBO, format version, ..., and a
 SHA-256 digest covers the record and every tensor, so a flipped byte anywhere is detected. A
 folder of modules has an index, ``modules.json``, naming the module files and the rule that
 partitioned the data (so new points can be routed to the module of their partition), with a
@@ -26,7 +27,13 @@ import torch
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.errors import CholeskyError, ModuleFileError
-from pyrogp_models.kernels import PROFILES
+from pyrogp_models.kernels import (
+    PROFILES,
+    Kernel,
+    describable,
+    kernel_from_tree,
+    stationary_kernel,
+)
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.modules.record import FORMAT_VERSION, Module
 from pyrogp_models.modules.signed import atomic_write, read_signed, signed_bytes, sync_to_disk
@@ -34,20 +41,28 @@ from pyrogp_models.modules.signed import atomic_write, read_signed, signed_bytes
 FORMAT = "pyrogp-module"
 INDEX_NAME = "modules.json"
 SUFFIX = ".safetensors"
-_TENSOR_FIELDS = ("lengthscale", "variance", "inducing", "q_mean", "q_chol", "prior_mean")
+_TENSOR_FIELDS = ("inducing", "q_mean", "q_chol", "prior_mean")
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 # Single modules ---------------------------------------------------------------------------------
 def module_to_bytes(module: Module) -> bytes:
     """Serialise a (validated) module to the bytes of a safetensors file."""
-    validate_module(module, f"module '{module.info.get('name', '?')}'")
+    source = f"module '{module.info.get('name', '?')}'"
+    if not describable(module.kernel):
+        raise ModuleFileError(
+            f"{source}: its kernel ({type(module.kernel).__name__}) cannot be saved: a module "
+            "file holds only kernels of pyrogp_models.kernels (RBF, Matern*, RationalQuadratic, "
+            "Periodic, Linear, Constant, White, with + and *); build the kernel from those to "
+            "make the module saveable")
+    validate_module(module, source)
     tensors = {name: getattr(module, name) for name in _TENSOR_FIELDS}
+    tensors.update({name: value.detach() for name, value in module.kernel.named_values().items()})
     tensors.update({f"likelihood.{k}": v for k, v in module.likelihood_params.items()})
     record = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "kernel_family": module.kernel_family,
+        "kernel": module.kernel.tree(),
         "likelihood_name": module.likelihood_name,
         "likelihood_options": module.likelihood_options,
         "num_data": int(module.num_data),
@@ -86,8 +101,7 @@ def module_from_bytes(data: bytes, source: str = "<bytes>") -> Module:
     version = record["format_version"]
     try:
         module = Module(
-            kernel_family=record["kernel_family"],
-            lengthscale=tensors["lengthscale"], variance=tensors["variance"],
+            kernel=_stored_kernel(record, tensors, version, fail),
             likelihood_name=record["likelihood_name"],
             likelihood_options=record["likelihood_options"],
             likelihood_params={k.split(".", 1)[1]: v for k, v in tensors.items()
@@ -103,36 +117,57 @@ def module_from_bytes(data: bytes, source: str = "<bytes>") -> Module:
     return module
 
 
+def _stored_kernel(record: dict, tensors: dict, version: int, fail) -> Kernel:
+    """The kernel of a file: a tree (format 3) or one stationary family with ``lengthscale``
+    [L, D|1] and ``variance`` [L] (formats 1 and 2)."""
+    if version >= 3:
+        try:
+            return kernel_from_tree(record["kernel"], tensors, batch_dims=1).requires_grad_(False)
+        except ModuleFileError as error:
+            raise fail(str(error)) from None
+    family, lengthscale = record["kernel_family"], tensors["lengthscale"]
+    if family not in PROFILES:
+        raise fail(f"unknown kernel family '{family}'")
+    if lengthscale.dim() != 2 or tensors["variance"].shape != lengthscale.shape[:1]:
+        raise fail(f"lengthscale {list(lengthscale.shape)} and variance "
+                   f"{list(tensors['variance'].shape)} do not fit one kernel per latent")
+    return stationary_kernel(family, lengthscale, tensors["variance"],
+                             tensors["inducing"].shape[-1])
+
+
 def validate_module(module: Module, source: str = "module") -> None:
     """Shapes agree, values are finite, scales are positive and covariances positive definite."""
 
     def fail(reason: str) -> ModuleFileError:
         return ModuleFileError(f"{source}: {reason}")
 
-    if module.kernel_family not in PROFILES:
-        raise fail(f"unknown kernel family '{module.kernel_family}'")
     if module.likelihood_name not in LIKELIHOODS:
         raise fail(f"unknown likelihood '{module.likelihood_name}'")
     if module.inducing.dim() != 2:
         raise fail(f"inducing inputs must be [M, D], got {list(module.inducing.shape)}")
     M, D = module.inducing.shape
     L = module.q_mean.shape[0] if module.q_mean.dim() == 2 else -1
-    expected = {"q_mean": (L, M), "q_chol": (L, M, M), "variance": (L,), "prior_mean": (L,)}
+    expected = {"q_mean": (L, M), "q_chol": (L, M, M), "prior_mean": (L,)}
     for name, shape in expected.items():
         if tuple(getattr(module, name).shape) != shape:
             raise fail(f"{name} has shape {list(getattr(module, name).shape)}, "
                        f"expected {list(shape)}")
-    if tuple(module.lengthscale.shape) not in ((L, 1), (L, D)):
-        raise fail(f"lengthscale has shape {list(module.lengthscale.shape)}, "
-                   f"expected [{L}, 1] or [{L}, {D}]")
+    if tuple(module.kernel.batch_shape) != (L,):
+        raise fail(f"the kernel has batch shape {list(module.kernel.batch_shape)}, expected "
+                   f"[{L}] (one per latent function)")
+    if max(max(leaf.active_dims) for _, leaf in module.kernel.parts()) >= D:
+        raise fail(f"inducing inputs of shape {[M, D]} have fewer columns than the kernel reads")
     if len(module.standardisation.x_mean) != D or len(module.standardisation.x_scale) != D:
         raise fail("standardisation does not match the input dimension")
     tensors = {name: getattr(module, name) for name in _TENSOR_FIELDS}
     tensors.update(module.likelihood_params)
+    tensors.update(module.kernel.named_values())
     for name, tensor in tensors.items():
         if not bool(torch.isfinite(tensor).all()):
             raise fail(f"{name} contains NaN or inf")
-    positives = [module.lengthscale, module.variance, *module.likelihood_params.values()]
+    positives = [*module.likelihood_params.values()] + [
+        getattr(leaf, h.name) for _, leaf in module.kernel.parts()
+        for h in getattr(leaf, "hyperparameters", ()) if h.positive]
     if not all(bool((t > 0).all()) for t in positives):
         raise fail("kernel or likelihood parameters must be positive")
     if not (math.isfinite(module.jitter) and module.jitter >= 0):

@@ -3,9 +3,10 @@
 A module is the library's currency. Local fits produce modules, meta-GPs consume and export them,
 expert combinations combine their predictions. It holds
 
-- the kernel family and hyperparameters (``lengthscale`` [L, D or 1], ``variance`` [L]) and a
-  constant prior mean per latent function (``prior_mean`` [L]; zero for a fitted module, the
-  offset of its units for a module converted to others, :mod:`pyrogp_models.modules.units`),
+- the kernel (a :class:`~pyrogp_models.kernels.base.Kernel` of batch shape (L,): one set of
+  hyperparameters per latent function, frozen) and a constant prior mean per latent function
+  (``prior_mean`` [L]; zero for a fitted module, the offset of its units for a module converted
+  to others, :mod:`pyrogp_models.modules.units`),
 - the likelihood (name, options and parameter values),
 - the inducing inputs Z [M, D] and q(u) = N(m, S) **unwhitened**: ``q_mean`` [L, M] and the lower
   Cholesky factor of S, ``q_chol`` [L, M, M], one per latent function,
@@ -29,12 +30,13 @@ import torch
 from pyrogp_models.data import Standardisation
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.gaussian.linalg import cholesky, triangular_solve
-from pyrogp_models.kernels import stationary_covariance, stationary_diagonal
+from pyrogp_models.kernels import Kernel, moved
 from pyrogp_models.likelihoods import Likelihood, latent_layout, make_likelihood
 from pyrogp_models.modules.predictor import Predictor
 
 #: 2: a constant prior mean per latent function (``prior_mean``); version-1 files have zero.
-FORMAT_VERSION = 2
+#: 3: the kernel as a tree of kinds with named tensors; earlier files hold one stationary family.
+FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,9 +44,7 @@ class Module(Predictor):
     """A frozen record of one fitted sparse variational GP (see the module docstring); a
     :class:`~pyrogp_models.modules.predictor.Predictor` in data units."""
 
-    kernel_family: str
-    lengthscale: torch.Tensor
-    variance: torch.Tensor
+    kernel: Kernel
     likelihood_name: str
     likelihood_options: dict
     likelihood_params: dict[str, torch.Tensor]
@@ -77,10 +77,6 @@ class Module(Predictor):
         return self.q_mean.shape[0]
 
     @property
-    def ard(self) -> bool:
-        return self.lengthscale.shape[-1] > 1
-
-    @property
     def dtype(self) -> torch.dtype:
         return self.inducing.dtype
 
@@ -90,39 +86,38 @@ class Module(Predictor):
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(dtype=dtype or t.dtype, device=device or t.device)
 
-        return replace(self, lengthscale=move(self.lengthscale), variance=move(self.variance),
+        return replace(self, kernel=moved(self.kernel, dtype, device),
                        likelihood_params={k: move(v) for k, v in self.likelihood_params.items()},
                        inducing=move(self.inducing), q_mean=move(self.q_mean),
                        q_chol=move(self.q_chol), prior_mean=move(self.prior_mean))
 
-    def inducing_inputs(self) -> torch.Tensor:
-        """Z in data units, [M, D]."""
-        s = self.standardisation
-        return self.inducing * _like(s.x_scale, self.inducing) + _like(s.x_mean, self.inducing)
-
     def hyperparameters(self) -> dict[str, torch.Tensor]:
-        """Kernel and likelihood parameters in data units: ``lengthscale`` [L, D|1] (× the input
-        scale; its mean for an isotropic kernel), ``signal_variance`` [L] and the likelihood's
-        parameters (``noise_variance`` for Gaussian noise), output-scaled where targets were
-        standardised."""
-        s = self.standardisation
-        x_scale = _like(s.x_scale, self.lengthscale)
-        output_scale = s.y_scale**2 if self.likelihood().standardise_targets else 1.0
-        out = {"lengthscale": self.lengthscale * (x_scale if self.ard else x_scale.mean()),
-               "signal_variance": self.variance * output_scale}
+        """Kernel and likelihood parameters in data units: every kernel value by its place in
+        the tree (``lengthscale``, ``variance`` for a single kernel; ``0.lengthscale``,
+        ``1.0.period``, … for a composite), and the likelihood's parameters
+        (``noise_variance`` for Gaussian noise), output-scaled where targets were standardised."""
+        output_scale = self.output_scale()
+        out = {name.removeprefix("kernel").lstrip("."): value
+               for name, value in self.data_unit_kernel().named_values().items()}
         for key, value in self.likelihood_params.items():
             name = "noise_variance" if self.likelihood_name == "gaussian" else key
-            out[name] = value * output_scale if key == "variance" else value
+            out[name] = value * output_scale**2 if key == "variance" else value
         return out
 
-    # Gaussian algebra -------------------------------------------------------------------------
-    def kernel(self, X: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
-        """k(X, Z) for every latent function: [L, N, M] (inputs in model units)."""
-        return stationary_covariance(self.kernel_family, X, Z, self.lengthscale, self.variance)
+    def output_scale(self) -> float:
+        """s_y for a likelihood whose targets were standardised, else 1."""
+        return self.standardisation.y_scale if self.likelihood().standardise_targets else 1.0
 
+    def data_unit_kernel(self) -> Kernel:
+        """The kernel for inputs and outputs in data units (x = s_x x̃ + μ_x, y = s_y ỹ)."""
+        s = self.standardisation
+        scale, mean = _like(s.x_scale, self.inducing), _like(s.x_mean, self.inducing)
+        return self.kernel.converted(1.0 / scale, -mean / scale, self.output_scale())
+
+    # Gaussian algebra -------------------------------------------------------------------------
     def prior_cholesky(self) -> torch.Tensor:
         """chol(K_zz + jitter) per latent function, [L, M, M]: the module's prior p_k(u)."""
-        return cholesky(self.kernel(self.inducing, self.inducing), self.jitter,
+        return cholesky(self.kernel(self.inducing), self.jitter,
                         what=f"K_zz of module '{self.info.get('name', '?')}'")
 
     def likelihood(self) -> Likelihood:
@@ -143,8 +138,8 @@ class Module(Predictor):
         prior_mean = self.prior_mean.unsqueeze(-1)
         mean_w, chol_w = conditionals.whiten(prior_chol, self.q_mean - prior_mean, self.q_chol)
         A = conditionals.projection(prior_chol, self.kernel(self.inducing, X))
-        mean, var = conditionals.whitened_conditional(
-            A, stationary_diagonal(X, self.variance), mean_w, chol_w)
+        mean, var = conditionals.whitened_conditional(A, self.kernel(X, diag=True), mean_w,
+                                                      chol_w)
         return latent_layout(mean + prior_mean), latent_layout(var)
 
     # Pyro: the module's generative story, for pyro.infer.Predictive --------------------------
@@ -161,8 +156,7 @@ class Module(Predictor):
         A = conditionals.projection(prior_chol, self.kernel(self.inducing, X))  # [L, M, N]
         whitened = triangular_solve(prior_chol, (u - prior_mean).unsqueeze(-1))  # [..., L, M, 1]
         mean = latent_layout((A.mT @ whitened).squeeze(-1) + prior_mean)
-        var = latent_layout((stationary_diagonal(X, self.variance) - A.square().sum(-2))
-                            .clamp_min(0.0))
+        var = latent_layout((self.kernel(X, diag=True) - A.square().sum(-2)).clamp_min(0.0))
         event = 1 if self.num_latent == 1 else 2
         f = pyro.sample("f", dist.Normal(mean, var.sqrt().expand_as(mean)).to_event(event))
         return pyro.sample("y", self.likelihood().distribution(f).to_event(1))

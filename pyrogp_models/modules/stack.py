@@ -2,11 +2,13 @@
 
 Every module is first converted to one coordinate system, exactly (the pooled standardisation
 of the modules' data, :mod:`pyrogp_models.modules.units`), so modules fitted at independent
-sites, with their own standardisations, combine. Modules are then grouped by kernel family and
-number of inducing inputs M_k (no padding). Each group stacks the inducing inputs Z_k, the kernel
-hyperparameters, the constant prior mean, q(u_k) = N(μ_k, S_k) per latent function and
-chol(K_kk^{(k)} + jitter_k) — the module's prior p_k(u_k) under its *own* kernel and jitter —
-computed once, since none of them changes while a meta-GP trains or a combination predicts.
+sites, with their own standardisations, combine. Modules are then grouped by kernel structure
+(one tree of kinds, :func:`~pyrogp_models.kernels.members.signature`) and number of inducing
+inputs M_k (no padding). Each group stacks the inducing inputs Z_k, the kernels (one batched
+kernel, :func:`~pyrogp_models.kernels.members.stack`), the constant prior mean,
+q(u_k) = N(μ_k, S_k) per latent function and chol(K_kk^{(k)} + jitter_k) — the module's prior
+p_k(u_k) under its *own* kernel and jitter — computed once, since none of them changes while a
+meta-GP trains or a combination predicts.
 Derived per group on first use:
 
 - the site parameters P_k = S_k⁻¹ − K_kk^{(k)−1}, b_k = S_k⁻¹μ_k − K_kk^{(k)−1}μ_pk of
@@ -27,7 +29,7 @@ above.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -38,7 +40,14 @@ from pyrogp_models.errors import CholeskyError, IncompatibleModulesError
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.gaussian.expectations import SiteParameters, site_parameters
 from pyrogp_models.gaussian.linalg import cholesky, triangular_solve
-from pyrogp_models.kernels import PROFILES, stationary_covariance
+from pyrogp_models.kernels import (
+    External,
+    Kernel,
+    describable,
+    kernel_from_tree,
+    signature,
+)
+from pyrogp_models.kernels import stack as stack_kernels
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.units import common_standardisation, convert
@@ -51,15 +60,13 @@ PURPOSES = ("recycle", "recycle-outputs", "combine", "route")
 
 @dataclass(frozen=True, eq=False)
 class ModuleGroup:
-    """The G modules of a stack that share kernel family and M_k, stacked along dim 0, with L
-    latent functions each."""
+    """The G modules of a stack that share kernel structure and M_k, stacked along dim 0, with
+    L latent functions each."""
 
     names: tuple[str, ...]
     indices: torch.Tensor  # positions in the stack's module order, [G]
-    family: str
+    kernel: Kernel  # the modules' kernels, batch shape (G, L)
     inducing: torch.Tensor  # Z_k, [G, M_k, D]
-    lengthscale: torch.Tensor  # [G, L, D]
-    variance: torch.Tensor  # [G, L]
     mean: torch.Tensor  # μ_k, [G, L, M_k]
     chol: torch.Tensor  # chol S_k, [G, L, M_k, M_k]
     prior_chol: torch.Tensor  # chol(K_kk^{(k)} + jitter_k), [G, L, M_k, M_k]
@@ -115,9 +122,8 @@ class ModuleGroup:
     def latent(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q(f) marginals at X [N, D] (model units) of every module: mean, var [G, L, N]."""
         inverse_prior_chol, mean_w, chol_w = self._whitened
-        cross = stationary_covariance(self.family, self.inducing.unsqueeze(1), X,
-                                      self.lengthscale, self.variance)  # [G, L, M, N]
-        prior_diag = self.variance.unsqueeze(-1).expand(*self.variance.shape, X.shape[0])
+        cross = self.kernel(self.inducing.unsqueeze(1), X)  # [G, L, M, N]
+        prior_diag = self.kernel(X, diag=True).expand(*cross.shape[:-2], X.shape[0])
         mean, var = conditionals.whitened_conditional(inverse_prior_chol @ cross, prior_diag,
                                                       mean_w, chol_w)
         return mean + self.prior_mean.unsqueeze(-1), var
@@ -153,22 +159,21 @@ class ModuleStack:
         converted = {name: _converted(convert(module, targets[name]), dtype, device)
                      for name, module in modules.items()}
         names = list(converted)
-        kinds: dict[tuple[str, int], list[int]] = {}
-        for k, module in enumerate(converted.values()):
-            kinds.setdefault((module.kernel_family, module.num_inducing), []).append(k)
+        kinds: dict[tuple[int, str], list[int]] = {}
+        for k, module in enumerate(converted.values()):  # kernels from outside: one group each
+            key = signature(module.kernel) or f"external {k}"
+            kinds.setdefault((module.num_inducing, key), []).append(k)
         groups = []
-        for (family, _), members in sorted(kinds.items(), key=lambda item: item[0][::-1]):
+        for _, members in sorted(kinds.items()):
             group = [converted[names[k]] for k in members]
+            kernel = _group_kernel([m.kernel for m in group])
             groups.append(ModuleGroup(
                 names=tuple(names[k] for k in members),
-                indices=torch.as_tensor(members, device=device), family=family,
+                indices=torch.as_tensor(members, device=device), kernel=kernel,
                 inducing=torch.stack([m.inducing for m in group]),
-                lengthscale=torch.stack([m.lengthscale.expand(m.num_latent, m.input_dim)
-                                         for m in group]),
-                variance=torch.stack([m.variance for m in group]),
                 mean=torch.stack([m.q_mean for m in group]),
                 chol=torch.stack([m.q_chol for m in group]),
-                prior_chol=_prior_choleskies(group),
+                prior_chol=_prior_choleskies(group, kernel),
                 prior_mean=torch.stack([m.prior_mean for m in group])))
         return cls(converted, tuple(groups), common)
 
@@ -223,43 +228,57 @@ class ModuleStack:
                       if s > 1.0 + SITE_TOLERANCE]
         return found
 
-    def most_common_kernel(self) -> str:
-        """The kernel family used by most modules (the first one on ties)."""
-        return Counter(m.kernel_family for m in self.modules.values()).most_common(1)[0][0]
+    def most_common_kernel(self) -> Kernel | None:
+        """The kernel structure most modules share (the first one on ties), with the median of
+        their values, batch shape (); None when no module's kernel is the library's."""
+        keys = Counter(signature(m.kernel) for m in self.modules.values()
+                       if describable(m.kernel))
+        if not keys:
+            return None
+        key = keys.most_common(1)[0][0]
+        kernels = [m.kernel for m in self.modules.values() if signature(m.kernel) == key]
+        values = {name: torch.stack([k.named_values()[name][0] for k in kernels]).median(0)
+                  .values for name in kernels[0].named_values()}
+        return kernel_from_tree(kernels[0].tree(), values)
 
 
 def _converted(module: Module, dtype: torch.dtype, device) -> Module:
     """The module in ``dtype`` on ``device`` (itself when it already is)."""
     target = torch.device(device) if device is not None else module.inducing.device
-    tensors = [module.lengthscale, module.variance, module.inducing, module.q_mean,
+    tensors = [*module.kernel.named_values().values(), module.inducing, module.q_mean,
                module.q_chol, module.prior_mean, *module.likelihood_params.values()]
     if all(t.dtype == dtype and t.device == target for t in tensors):
         return module
     return module.to(dtype=dtype, device=device)
 
 
-def _prior_choleskies(group: list[Module]) -> torch.Tensor:
-    """chol(K_kk^{(k)} + jitter_k) of modules with one kernel family and M_k, [G, L, M_k, M_k]:
-    batched over the modules that share jitter and lengthscale shape (the same factors as
-    :meth:`Module.prior_cholesky`, whose error names the module when one fails)."""
-    kinds: dict[tuple, list[int]] = {}
+def _group_kernel(kernels: Sequence[Kernel]) -> Kernel:
+    """The kernels of a group as one of batch shape (G, L): stacked, or (one module with a
+    kernel from outside the library) the module's own copies."""
+    if signature(kernels[0]) is not None:
+        return stack_kernels(kernels)
+    (kernel,) = kernels
+    return External(kernel.copies[0], (1, *kernel.batch_shape), copies=list(kernel.copies))
+
+
+def _prior_choleskies(group: list[Module], kernel: Kernel) -> torch.Tensor:
+    """chol(K_kk^{(k)} + jitter_k) of modules with one kernel structure and M_k,
+    [G, L, M_k, M_k], from the group's batched ``kernel``: one K for all, factorised per jitter
+    (the same factors as :meth:`Module.prior_cholesky`, whose error names the module when one
+    fails)."""
+    inducing = torch.stack([module.inducing for module in group]).unsqueeze(1)
+    covariance = kernel(inducing)
+    out = torch.empty_like(covariance)
+    jitters: dict[float, list[int]] = {}
     for k, module in enumerate(group):
-        kinds.setdefault((module.jitter, module.lengthscale.shape[-1]), []).append(k)
-    first = group[0]
-    size = first.num_inducing
-    out = first.inducing.new_empty(len(group), first.num_latent, size, size)
-    for (jitter, _), members in kinds.items():
-        inducing = torch.stack([group[k].inducing for k in members]).unsqueeze(1)
-        lengthscale = torch.stack([group[k].lengthscale for k in members])
-        variance = torch.stack([group[k].variance for k in members])
+        jitters.setdefault(module.jitter, []).append(k)
+    for jitter, members in jitters.items():
         try:
-            chol = cholesky(stationary_covariance(first.kernel_family, inducing, inducing,
-                                                  lengthscale, variance), jitter)
+            out[members] = cholesky(covariance[members], jitter)
         except CholeskyError:
             for k in members:  # raise the error that names the module
                 group[k].prior_cholesky()
             raise
-        out[members] = chol
     return out
 
 
@@ -286,8 +305,8 @@ _SAME: dict[str, tuple[Check, ...]] = {
 def check_compatible(modules: Mapping[str, Module], purpose: str = "recycle") -> None:
     """Raise :class:`IncompatibleModulesError`, naming the modules, unless they fit ``purpose``:
 
-    - every purpose: a known kernel family and likelihood, the same input dimension and
-      features (input columns);
+    - every purpose: a known likelihood, the same input dimension and features (input
+      columns);
     - ``"recycle"``, ``"recycle-outputs"``: one latent function each;
     - ``"combine"``: the same likelihood (name and options) and number of latent functions;
     - ``"route"``: the same likelihood family and number of latent functions.
@@ -299,11 +318,9 @@ def check_compatible(modules: Mapping[str, Module], purpose: str = "recycle") ->
     if not modules:
         raise IncompatibleModulesError("no modules to combine")
     names = list(modules)
-    unknown = [name for name in names if modules[name].likelihood_name not in LIKELIHOODS
-               or modules[name].kernel_family not in PROFILES]
+    unknown = [name for name in names if modules[name].likelihood_name not in LIKELIHOODS]
     if unknown:
-        raise IncompatibleModulesError(
-            f"modules {listing(unknown)} have an unknown likelihood or kernel family")
+        raise IncompatibleModulesError(f"modules {listing(unknown)} have an unknown likelihood")
     if purpose.startswith("recycle"):
         several = [name for name in names if modules[name].num_latent != 1]
         if several:

@@ -4,15 +4,15 @@ Each module keeps the standardisation of the data it was fitted on: inputs x̃ =
 for location–scale likelihoods, targets ỹ = (y − μ_y)/s_y. Modules fitted at different sites
 therefore live in different model units, and a meta-GP, an expert combination or a routed set
 first converts every module to one coordinate system t. The conversion is exact — the converted
-module predicts the same in data units — because every piece of a stationary sparse GP maps
-affinely:
+module predicts the same in data units — because every piece of a sparse GP maps affinely:
 
-- inputs: x̃_t = (x̃ s_x + μ_x − μ_x,t)/s_x,t, so Z_t = (Z s_x + μ_x − μ_x,t)/s_x,t and, since
-  distances scale per dimension by r_d = s_x,d/s_x,t,d, ℓ_t,d = ℓ_d r_d (an isotropic kernel
-  becomes ARD where the r_d differ);
+- inputs: x̃_t = (x̃ s_x + μ_x − μ_x,t)/s_x,t, so Z_t = (Z s_x + μ_x − μ_x,t)/s_x,t, and the kernel
+  follows (:meth:`~pyrogp_models.kernels.base.Kernel.converted`: distances scale per dimension
+  by r_d = s_x,d/s_x,t,d, so lengthscales and periods become ℓ_d r_d — an isotropic kernel
+  becomes ARD where the r_d differ — and a linear kernel's centre moves like Z);
 - outputs: f̃_t = a f̃ + b with a = s_y/s_y,t and b = (μ_y − μ_y,t)/s_y,t, so the prior becomes
   GP(b, a²k) — a constant prior mean b that the contrastive terms of the meta-GP carry — and
-  q(u) = N(a m + b, a² S), the kernel variance a²σ_f², the Gaussian noise a²σ²; for the
+  q(u) = N(a m + b, a² S), the kernel a²k, the Gaussian noise a²σ²; for the
   heteroscedastic likelihood the second latent (the log noise variance) shifts by 2 log a;
 - the ELBO, a log density of the targets, changes by −N log a.
 
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from pyrogp_models.data import Standardisation
+from pyrogp_models.kernels import Kernel, describable
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.modules.record import Module
 
@@ -94,15 +95,8 @@ def convert(module: Module, target: Standardisation) -> Module:
         return torch.as_tensor(np.asarray(values, dtype=np.float64), dtype=like.dtype,
                                device=like.device)
 
-    ratio = tensor(source.x_scale / target.x_scale)  # r_d
     inducing = (module.inducing * tensor(source.x_scale) + tensor(source.x_mean)
                 - tensor(target.x_mean)) / tensor(target.x_scale)
-    if module.ard:
-        lengthscale = module.lengthscale * ratio
-    elif bool((ratio == ratio[0]).all()):
-        lengthscale = module.lengthscale * ratio[0]
-    else:  # an isotropic kernel whose dimensions scale differently becomes ARD
-        lengthscale = module.lengthscale.expand(module.num_latent, module.input_dim) * ratio
     scale = source.y_scale / target.y_scale if outputs else 1.0  # a
     shift = (source.y_mean - target.y_mean) / target.y_scale if outputs else 0.0  # b
     # f (latent 0) maps to a f + b; the heteroscedastic log noise variance shifts by 2 log a
@@ -111,11 +105,12 @@ def convert(module: Module, target: Standardisation) -> Module:
     a[0], b[0] = scale, shift
     if module.likelihood_name == "heteroscedastic":
         b[1] = 2.0 * math.log(scale)
-    variance = module.variance * a.square()
+    kernel = module.kernel.converted(tensor(target.x_scale / source.x_scale),
+                                     tensor((target.x_mean - source.x_mean) / source.x_scale), a)
     params = {key: value * scale**2 if key == "variance" else value
               for key, value in module.likelihood_params.items()}
     return replace(
-        module, lengthscale=lengthscale, variance=variance, likelihood_params=params,
+        module, kernel=kernel.requires_grad_(False), likelihood_params=params,
         inducing=inducing, q_mean=a.unsqueeze(-1) * module.q_mean + b.unsqueeze(-1),
         q_chol=a[:, None, None] * module.q_chol, prior_mean=a * module.prior_mean + b,
         elbo=module.elbo - module.num_data * math.log(scale),
@@ -129,3 +124,21 @@ def convert_all(modules: Mapping[str, Module], target: Standardisation | None = 
     """Every module in one system: ``target``, by default :func:`common_standardisation`."""
     target = common_standardisation(modules) if target is None else target
     return {name: convert(module, target) for name, module in modules.items()}, target
+
+
+def kernel_in_model_units(kernel: Kernel, standardisation: Standardisation,
+                          standardise_targets: bool = True) -> Kernel:
+    """A kernel whose values are in data units, for the model units of ``standardisation``
+    (x̃ = (x − μ_x)/s_x and, when targets are standardised, ỹ = (y − μ_y)/s_y); a kernel from
+    outside the library is taken as it is (it sees model units)."""
+    if not describable(kernel):
+        return kernel
+    reference = next(iter(kernel.named_values().values()))
+
+    def tensor(values) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(values, dtype=np.float64), dtype=reference.dtype,
+                               device=reference.device)
+
+    output_scale = 1.0 / standardisation.y_scale if standardise_targets else 1.0
+    return kernel.converted(tensor(standardisation.x_scale), tensor(standardisation.x_mean),
+                            output_scale)

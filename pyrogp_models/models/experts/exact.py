@@ -44,7 +44,7 @@ from pyrogp_models.gaussian.linalg import (
     inverse_cholesky,
     triangular_solve,
 )
-from pyrogp_models.kernels import Stationary
+from pyrogp_models.kernels import Kernel, Leaf, frozen, resolve_kernel
 from pyrogp_models.layers import unique_name
 from pyrogp_models.likelihoods import Gaussian
 from pyrogp_models.modules.record import Module
@@ -63,14 +63,18 @@ class ExactExperts(PyroModule):
     Args:
         X, y: inputs [N, D] and targets [N] in model units (standardised), as tensors.
         partition: which expert each point belongs to.
-        kernel, ard: kernel family and one lengthscale per input dimension (else isotropic).
-        lengthscale, variance, noise: initial hyperparameters (the authors' code starts at 1, 1
-            and 1; the noise default here is the library's 0.1).
+        kernel: a name or expression, or a kernel (:func:`~pyrogp_models.kernels.choice.
+            resolve_kernel`; model units), shared by every expert.
+        ard: one lengthscale per input dimension for a kernel given by name.
+        lengthscale, variance, noise: initial values of the lengthscales and variances the
+            kernel does not give, and of the noise (the authors' code starts at 1, 1 and 1; the
+            noise default here is the library's 0.1).
         name: the Pyro name (default: a fresh ``"experts"``).
     """
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, partition: Partition,
-                 kernel: str = "rbf", ard: bool = False, lengthscale: float = 1.0,
+                 kernel: str | torch.nn.Module = "rbf", ard: bool = False,
+                 lengthscale: float = 1.0,
                  variance: float = 1.0, noise: float = 0.1, name: str | None = None):
         super().__init__(name or unique_name("experts"))
         Xp, yp, mask, _ = pad_partitions(X, y, partition)
@@ -78,8 +82,8 @@ class ExactExperts(PyroModule):
         self.register_buffer("data_y", yp, persistent=False)
         self.register_buffer("data_mask", mask, persistent=False)
         self.register_buffer("counts", mask.sum(-1), persistent=False)
-        self.kernel = Stationary(kernel, X.shape[-1], (), ard, lengthscale, variance, X.dtype,
-                                 X.device)
+        self.kernel = _with_defaults(resolve_kernel(kernel, X.shape[-1], ard).batched(()),
+                                     {"lengthscale": lengthscale, "variance": variance}).to(X)
         self.likelihood = Gaussian((), X.dtype, X.device, variance=noise)
 
     @property
@@ -161,16 +165,17 @@ class ExactExperts(PyroModule):
         factor of B with reversed rows and columns, without inverting B.
         """
         noise = self.likelihood.variance.detach()
-        scale = self.kernel.variance.detach()
-        jitter = min(DEFAULT_JITTER, 0.5 * float(noise / scale))
-        epsilon = jitter * scale
         weights = self.data_mask.to(self.data_X.dtype)
+        diagonal = self.kernel(self.data_X, diag=True).detach() * weights
+        scale = diagonal.sum(-1) / weights.sum(-1)  # mean diag K_j: what a module's jitter scales
+        jitter = min(DEFAULT_JITTER, 0.5 * float(noise / scale.max()))
+        epsilon = (jitter * scale).unsqueeze(-1)
         prior_chol = cholesky(self._masked_covariance(epsilon * weights + 1.0 - weights), 0.0,
                               what="jittered K_zz of an exact expert")
         alpha = cholesky_solve(self.noisy_cholesky(), self.data_y.unsqueeze(-1))
         q_mean = (prior_chol @ (prior_chol.mT @ alpha)).squeeze(-1)
         eye = torch.eye(prior_chol.shape[-1], dtype=noise.dtype, device=noise.device)
-        precision = eye + prior_chol.mT @ prior_chol / (noise - epsilon)
+        precision = eye + prior_chol.mT @ prior_chol / (noise - epsilon).unsqueeze(-1)
         q_chol = (prior_chol @ inverse_cholesky(
             precision, what="I + L̃ᵀL̃/σ² of an exact expert")).tril()
         elbos = self.log_marginal()
@@ -179,19 +184,28 @@ class ExactExperts(PyroModule):
         names = list(names or [f"expert{k:0{width}d}" for k in range(count)])
         if len(names) != count:
             raise ValueError(f"{len(names)} names for {count} experts")
-        lengthscale = self.kernel.lengthscale.detach().reshape(1, -1).clone()
+        kernel = frozen(self.kernel.batched((1,)))
         modules = {}
         for k, name in enumerate(names):
             n = int(self.counts[k])
             modules[name] = Module(
-                kernel_family=self.kernel.family, lengthscale=lengthscale,
-                variance=scale.reshape(1).clone(), likelihood_name="gaussian",
+                kernel=kernel, likelihood_name="gaussian",
                 likelihood_options={}, likelihood_params={"variance": noise.clone()},
                 inducing=self.data_X[k, :n].clone(), q_mean=q_mean[k, :n].unsqueeze(0).clone(),
                 q_chol=q_chol[k, :n, :n].unsqueeze(0).clone(), num_data=n,
                 elbo=float(elbos[k]), standardisation=standardisation, jitter=jitter,
                 info={"name": name, "partition": k, "expert": "exact", **(info or {})})
         return modules
+
+
+def _with_defaults(kernel: Kernel, values: dict[str, float]) -> Kernel:
+    """``kernel`` with every value of ``values`` that a leaf has but was not given set."""
+    for _, leaf in kernel.parts():
+        if isinstance(leaf, Leaf):
+            for name, value in values.items():
+                if name not in leaf.given and any(h.name == name for h in leaf.hyperparameters):
+                    leaf.assign(name, torch.as_tensor(value))
+    return kernel
 
 
 class _GaussianLogDensity(torch.autograd.Function):

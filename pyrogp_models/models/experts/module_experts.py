@@ -39,7 +39,6 @@ class ModuleExperts:
         self.standardisation: Standardisation = self.stack.standardisation
         self.num_latent = first.num_latent
         self.input_dim = first.input_dim
-        self._prior_variance = sum(m.variance for m in self.modules) / self.num_experts  # [L]
         self._prior_mean = sum(m.prior_mean for m in self.modules) / self.num_experts  # [L]
 
     @property
@@ -70,8 +69,9 @@ class ModuleExperts:
         prior variance; when the experts' kernels differ, the mean is the prior the BCM-type
         rules and the entropy weights compare against.
         """
-        N = torch.as_tensor(X).shape[0]
-        return latent_layout(self._prior_variance.unsqueeze(-1).expand(self.num_latent, N))
+        X = self.inputs(X)
+        total = sum(module.kernel(X, diag=True) for module in self.modules)  # [L, N]
+        return latent_layout(total / self.num_experts)
 
     def prior_mean(self) -> torch.Tensor:
         """The prior mean: the mean over experts of their constant prior means (zero for experts

@@ -13,11 +13,19 @@ dimensions and M_k inducing inputs:
   partition — a fit that starts with the noise explaining 10 % of the partition's spread starts
   away from the "everything is noise" optimum; other likelihoods: σ_f² = 1;
 - floors: spreads and lengthscales 10⁻³, σ_f² 10⁻³ and σ² 10⁻⁶.
+
+A composite kernel (:func:`initial_kernel`) shares σ_f² equally among the terms of a sum (a
+product's first factor takes its term's share, the other factors 1); each leaf gets the
+lengthscale of the rule on its own input dimensions, a period not given the same, a linear
+kernel weights that explain its share over one spread of the inputs and the partitions' mean
+input as its centre. Values the user gave (``Leaf.given``) are kept.
 """
 
 from __future__ import annotations
 
 import torch
+
+from pyrogp_models.kernels import Kernel, Leaf, Product, Role, Sum
 
 #: Floor on input spreads and initial lengthscales (standardised units).
 MIN_SPREAD = 1e-3
@@ -55,3 +63,46 @@ def initial_gaussian_variances(y: torch.Tensor, mask: torch.Tensor
     mean = (weights * y).sum(-1) / count
     variance = (second_moment - mean.square()).clamp_min(0.0)
     return second_moment.clamp_min(1e-3), (NOISE_FRACTION * variance).clamp_min(1e-6)
+
+
+def initial_kernel(template: Kernel, X: torch.Tensor, mask: torch.Tensor, num_inducing: int,
+                   signal_variance: torch.Tensor, num_latent: int = 1) -> Kernel:
+    """``template`` (model units) batched to (K, ``num_latent``) with the values it does not
+    give set by the rule of the module docstring from the partitions' data X [K, N, D], mask
+    [K, N]; ``signal_variance`` [K] is σ_f² of the whole kernel."""
+    kernel = template.batched((X.shape[0], num_latent)).to(dtype=X.dtype, device=X.device)
+    _share(kernel, signal_variance, X, mask, num_inducing)
+    return kernel
+
+
+def _share(kernel: Kernel, variance: torch.Tensor, X, mask, num_inducing: int) -> None:
+    if isinstance(kernel, Sum):
+        for part in kernel.kernels:
+            _share(part, variance / len(kernel.kernels), X, mask, num_inducing)
+    elif isinstance(kernel, Product):
+        for index, part in enumerate(kernel.kernels):
+            _share(part, variance if index == 0 else torch.ones_like(variance), X, mask,
+                   num_inducing)
+    elif isinstance(kernel, Leaf):
+        _initialise_leaf(kernel, variance, X[..., kernel.active_dims], mask, num_inducing)
+
+
+def _initialise_leaf(leaf: Leaf, variance: torch.Tensor, X, mask, num_inducing: int) -> None:
+    """Set the values of ``leaf`` [K, L, ...] that its user did not give."""
+    for h in leaf.hyperparameters:
+        if h.name in leaf.given:
+            continue
+        if h.role is Role.INPUT_SCALE:
+            value = initial_lengthscale(X, mask, num_inducing, leaf.ard).unsqueeze(1)
+        elif h.role is Role.OUTPUT_SCALE:
+            value = variance.unsqueeze(1)
+        elif h.role is Role.SLOPE:
+            spread = input_spread(X, mask)
+            per_dimension = spread if leaf.ard else spread.mean(-1, keepdim=True)
+            value = (variance.unsqueeze(-1) / (X.shape[-1] * per_dimension.square())).unsqueeze(1)
+        elif h.role is Role.INPUT_LOCATION:
+            weights = mask.to(X.dtype).unsqueeze(-1)
+            value = ((X * weights).sum(-2) / weights.sum(-2).clamp_min(1.0)).unsqueeze(1)
+        else:
+            continue
+        leaf.assign(h.name, value)

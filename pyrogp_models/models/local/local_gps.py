@@ -26,12 +26,12 @@ from pyrogp_models.data.inducing import init_inducing
 from pyrogp_models.data.partitioners import Partition, pad_partitions, route
 from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
-from pyrogp_models.kernels import Stationary
+from pyrogp_models.kernels import External, member, resolve_kernel
 from pyrogp_models.layers import unique_name
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.local.initialisation import (
     initial_gaussian_variances,
-    initial_lengthscale,
+    initial_kernel,
     input_spread,
 )
 from pyrogp_models.models.local.svgp import BatchedSVGP
@@ -47,7 +47,12 @@ class LocalGPs(PyroModule):
         partition: which partition each point belongs to.
         num_inducing: M for every partition, or one M_k per partition.
         likelihood, likelihood_options: likelihood name and options (link, num_classes, ...).
-        kernel, ard: kernel family and whether it has one lengthscale per input dimension.
+        kernel: a kernel name or expression, a kernel of :mod:`pyrogp_models.kernels` (values
+            it gives are kept; model units), a ``pyro.contrib.gp`` kernel or any PyroModule with
+            ``forward(X, Z=None, diag=False)`` (:func:`~pyrogp_models.kernels.choice.
+            resolve_kernel`); every partition gets its own copy, its other values from its data
+            (:func:`~pyrogp_models.models.local.initialisation.initial_kernel`).
+        ard: one lengthscale per input dimension for a kernel given by name.
         inducing_init: ``"kmeans"`` or ``"grid"``.
         learn_inducing: optimise Z.
         collapsed: train Gaussian partitions on the collapsed (Titsias) bound.
@@ -65,7 +70,8 @@ class LocalGPs(PyroModule):
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, partition: Partition,
                  num_inducing: int | Sequence[int], likelihood: str = "gaussian",
-                 likelihood_options: dict | None = None, kernel: str = "rbf", ard: bool = False,
+                 likelihood_options: dict | None = None,
+                 kernel: str | torch.nn.Module = "rbf", ard: bool = False,
                  inducing_init: str = "kmeans", learn_inducing: bool = True,
                  collapsed: bool = False, batch_size: int | None = None,
                  jitter: float = DEFAULT_JITTER, noise: float | None = None,
@@ -76,6 +82,7 @@ class LocalGPs(PyroModule):
         self.likelihood_options = dict(likelihood_options or {})
         self.collapsed = collapsed
         self.partition = partition
+        self.kernel_template = resolve_kernel(kernel, X.shape[-1], ard)
         sizes = partition.sizes
         per_partition = np.broadcast_to(np.asarray(num_inducing), sizes.shape)
         if bool((per_partition > sizes).any()):
@@ -95,26 +102,27 @@ class LocalGPs(PyroModule):
             rows = int(mask[members].sum(-1).max())
             Z = torch.stack([inducing[k] for k in members.tolist()]).to(X)
             self.groups.append(self._build_group(
-                Xp[members, :rows], yp[members, :rows], mask[members, :rows], Z, kernel, ard,
+                Xp[members, :rows], yp[members, :rows], mask[members, :rows], Z,
                 learn_inducing, batch_size, jitter, noise))
             self.group_members.append(members)
             self._group_index.append(index[members, :rows])
 
-    def _build_group(self, X, y, mask, Z, kernel, ard, learn_inducing, batch_size, jitter,
+    def _build_group(self, X, y, mask, Z, learn_inducing, batch_size, jitter,
                      noise) -> BatchedSVGP:
         """One group's SVGP, initialised by the rule of
         :mod:`~pyrogp_models.models.local.initialisation`."""
         count = len(X)
-        variance, values = 1.0, {}
+        variance, values = X.new_ones(count), {}
         if self.likelihood_name == "gaussian":
             variance, initial_noise = initial_gaussian_variances(y, mask)
             values = {"variance": initial_noise if noise is None else noise}
         likelihood = make_likelihood(self.likelihood_name, (count,), X.dtype, X.device,
                                      **self.likelihood_options, **values)
-        lengthscale = initial_lengthscale(X, mask, Z.shape[-2], ard)
-        kernel_module = Stationary(
-            kernel, X.shape[-1], (count, likelihood.num_latent), ard, lengthscale.unsqueeze(1),
-            torch.as_tensor(variance, dtype=X.dtype).reshape(-1, 1), X.dtype, X.device)
+        if isinstance(self.kernel_template, External):
+            kernel_module = self.kernel_template.batched((count, likelihood.num_latent)).to(X)
+        else:
+            kernel_module = initial_kernel(self.kernel_template, X, mask, Z.shape[-2],
+                                           variance, likelihood.num_latent)
         return BatchedSVGP(Z, kernel_module, likelihood, X, y, mask,
                            learn_inducing=learn_inducing, inducing_scale=input_spread(X, mask),
                            collapsed=self.collapsed, batch_size=batch_size, jitter=jitter,
@@ -235,9 +243,7 @@ class LocalGPs(PyroModule):
             counts = group.data_mask.sum(-1)
             for j, k in enumerate(members.tolist()):
                 modules[k] = (names[k], Module(
-                    kernel_family=group.kernel.family,
-                    lengthscale=group.kernel.lengthscale[j].detach().clone(),
-                    variance=group.kernel.variance[j].detach().clone(),
+                    kernel=member(group.kernel, j),
                     likelihood_name=self.likelihood_name,
                     likelihood_options=group.likelihood.options(),
                     likelihood_params={key: v[j].detach().clone() for key, v in params.items()},

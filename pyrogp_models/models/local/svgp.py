@@ -33,7 +33,7 @@ from pyro.nn import PyroModule, pyro_method
 
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
-from pyrogp_models.kernels import Stationary
+from pyrogp_models.kernels import Kernel
 from pyrogp_models.layers import OneLayer, SparseGPLayer, unique_name
 from pyrogp_models.likelihoods import Likelihood, latent_layout
 from pyrogp_models.models.local import collapsed
@@ -47,7 +47,7 @@ class BatchedSVGP(OneLayer, PyroModule):
 
     Args:
         inducing: initial Z [K, M, D].
-        kernel: a :class:`Stationary` kernel with batch shape (K, L).
+        kernel: a :class:`~pyrogp_models.kernels.base.Kernel` with batch shape (K, L).
         likelihood: a likelihood with batch shape (K,); L = ``likelihood.num_latent``.
         X, y, mask: the partitions' data, padded: [K, N, D], [K, N], [K, N] (True on real
             points); without them, methods take the data as arguments.
@@ -60,7 +60,7 @@ class BatchedSVGP(OneLayer, PyroModule):
         name: the Pyro name (default: a fresh ``"svgp"``).
     """
 
-    def __init__(self, inducing: torch.Tensor, kernel: Stationary, likelihood: Likelihood,
+    def __init__(self, inducing: torch.Tensor, kernel: Kernel, likelihood: Likelihood,
                  X: torch.Tensor | None = None, y: torch.Tensor | None = None,
                  mask: torch.Tensor | None = None, *,
                  learn_inducing: bool = True, inducing_scale: torch.Tensor | None = None,
@@ -92,7 +92,7 @@ class BatchedSVGP(OneLayer, PyroModule):
 
     # Shapes -------------------------------------------------------------------------------------
     @property
-    def kernel(self) -> Stationary:
+    def kernel(self) -> Kernel:
         return self.layer.kernel
 
     @property

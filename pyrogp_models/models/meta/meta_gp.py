@@ -66,7 +66,7 @@ from pyrogp_models.gaussian.linalg import (
     inverse_cholesky,
     triangular_solve,
 )
-from pyrogp_models.kernels import Stationary
+from pyrogp_models.kernels import Kernel, frozen
 from pyrogp_models.layers import OneLayer, SparseGPLayer, unique_name
 from pyrogp_models.likelihoods import LIKELIHOODS, Likelihood, make_likelihood
 from pyrogp_models.models.meta.boundedness import ON_UNBOUNDED, BoundednessGuard, describe_unbounded
@@ -96,7 +96,8 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
     Args:
         stack: the cached modules, or None for raw data only (the bound is then the SVGP ELBO).
         inducing: initial Z_* [M, D] in model (standardised) units.
-        kernel: the global kernel ψ_*, a :class:`Stationary` with batch shape ().
+        kernel: the global kernel ψ_*, any :class:`~pyrogp_models.kernels.base.Kernel` with
+            batch shape ().
         likelihood, raw_X, raw_y: new raw data in model units and its likelihood (batch shape
             ()), whose parameters are learned (combined bound, eq. 19).
         collapsed: train ψ_*, Z_* on the collapsed bound L_E^*; q(v) is then its optimum.
@@ -111,7 +112,7 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         name: the Pyro name (default: a fresh ``"meta"``).
     """
 
-    def __init__(self, stack: ModuleStack | None, inducing: torch.Tensor, kernel: Stationary,
+    def __init__(self, stack: ModuleStack | None, inducing: torch.Tensor, kernel: Kernel,
                  *, likelihood: Likelihood | None = None, raw_X: torch.Tensor | None = None,
                  raw_y: torch.Tensor | None = None, collapsed: bool = False,
                  learn_inducing: bool = True, learn_kernel: bool = True,
@@ -153,7 +154,7 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
             self.register_buffer("raw_y", raw_y, persistent=False)
 
     @property
-    def kernel(self) -> Stationary:
+    def kernel(self) -> Kernel:
         return self.layer.kernel
 
     @property
@@ -394,9 +395,7 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         module_elbos = self.stack.elbo_sum if self.stack is not None else 0.0
         name = name or self._pyro_name
         return Module(
-            kernel_family=self.kernel.family,
-            lengthscale=self.kernel.lengthscale.detach().reshape(1, -1).clone(),
-            variance=self.kernel.variance.detach().reshape(1).clone(),
+            kernel=frozen(self.kernel.batched((1,))),
             likelihood_name=lik_name, likelihood_options=options, likelihood_params=params,
             inducing=self.inducing.detach().clone(), q_mean=q_mean.unsqueeze(0),
             q_chol=q_chol.unsqueeze(0),

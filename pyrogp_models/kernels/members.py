@@ -1,0 +1,77 @@
+"""Batches of kernels taken apart and put together: one member of a batch, a frozen copy, a stack
+of several kernels of one structure, a kernel on another dtype or device.
+
+A trained batch of K local GPs has kernels of batch shape (K, L); module k keeps
+:func:`member` (batch shape (L,)), frozen (no gradient). A stack of G modules whose kernels share
+one tree evaluates them at once through :func:`stack` (batch shape (G, L)). Library kernels are
+rebuilt from their tree and values (:func:`~pyrogp_models.kernels.registry.kernel_from_tree`);
+kernels from outside are deep-copied.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Sequence
+
+import torch
+
+from pyrogp_models.kernels.base import Kernel
+from pyrogp_models.kernels.external import External
+from pyrogp_models.kernels.registry import describable, kernel_from_tree
+
+
+def _rebuilt(kernel: Kernel, change: Callable[[torch.Tensor], torch.Tensor], batch_dims: int
+             ) -> Kernel:
+    values = {name: change(value.detach()) for name, value in kernel.named_values().items()}
+    return kernel_from_tree(kernel.tree(), values, batch_dims=batch_dims).requires_grad_(False)
+
+
+def frozen(kernel: Kernel) -> Kernel:
+    """A copy with the same values and no gradient."""
+    if describable(kernel):
+        return _rebuilt(kernel, lambda v: v.clone(), len(kernel.batch_shape))
+    return copy.deepcopy(kernel).requires_grad_(False)
+
+
+def moved(kernel: Kernel, dtype: torch.dtype | None = None, device=None) -> Kernel:
+    """A frozen copy on ``device`` in ``dtype``."""
+    copied = frozen(kernel)
+    return copied.to(dtype=dtype or _dtype(kernel), device=device or _device(kernel))
+
+
+def member(kernel: Kernel, index: int) -> Kernel:
+    """Member ``index`` of the first batch dimension, frozen: batch shape (K, L) → (L,)."""
+    if describable(kernel):
+        return _rebuilt(kernel, lambda v: v[index].clone(), len(kernel.batch_shape) - 1)
+    if isinstance(kernel, External):
+        per_member = len(kernel.copies) // kernel.batch_shape[0]
+        copies = [copy.deepcopy(kernel.copies[index * per_member + j]).requires_grad_(False)
+                  for j in range(per_member)]
+        return External(copies[0], kernel.batch_shape[1:], copies)
+    raise TypeError(f"cannot take a member of a {type(kernel).__name__}")
+
+
+def signature(kernel: Kernel) -> str | None:
+    """A key equal for kernels that :func:`stack` can batch (same tree), None for kernels that
+    cannot be stacked (from outside the library)."""
+    return json.dumps(kernel.tree(), sort_keys=True) if describable(kernel) else None
+
+
+def stack(kernels: Sequence[Kernel]) -> Kernel:
+    """Kernels of one tree and batch shape (L,) as one kernel of batch shape (G, L)."""
+    first = kernels[0]
+    if signature(first) is None or any(signature(k) != signature(first) for k in kernels):
+        raise ValueError("only kernels of one structure from pyrogp_models.kernels stack")
+    values = {name: torch.stack([k.named_values()[name].detach() for k in kernels])
+              for name in first.named_values()}
+    return kernel_from_tree(first.tree(), values, batch_dims=len(first.batch_shape) + 1
+                            ).requires_grad_(False)
+
+
+def _dtype(kernel: Kernel) -> torch.dtype:
+    return next(iter(kernel.parameters()), next(iter(kernel.buffers()), torch.zeros(()))).dtype
+
+
+def _device(kernel: Kernel) -> torch.device:
+    return next(iter(kernel.parameters()), next(iter(kernel.buffers()), torch.zeros(()))).device
