@@ -69,13 +69,12 @@ from pyrogp_models.inference.recycling import (  # noqa: E402
     UNCOLLAPSED_CONFIG,
     Recycled,
     RecycleSpec,
-    initial_hyperparameters,
+    initial_global_kernel,
     initial_inducing,
     recycle,
 )
 
 from pyrogp_models.data.partitioners import Partition  # noqa: E402
-from pyrogp_models.kernels import Stationary  # noqa: E402
 from pyrogp_models.models.experts import PRESETS, ExpertCombination, ModuleExperts, combine  # noqa: E402
 from pyrogp_models.models.meta.meta_gp import MetaGP  # noqa: E402
 from pyrogp_models.modules.record import Module  # noqa: E402
@@ -326,9 +325,8 @@ def _meta_for_timing(stack: ModuleStack, num_inducing: int, collapsed: bool) -> 
     """A meta-GP initialised exactly as :func:`recycle` does (k-means Z_*, median ψ)."""
     points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
     inducing = initial_inducing(points, num_inducing, "kmeans", 0)
-    lengthscale, variance = initial_hyperparameters(stack, inducing.shape[-1], False)
-    kernel = Stationary(stack.most_common_kernel(), inducing.shape[-1], (), False, lengthscale,
-                        variance, inducing.dtype, inducing.device)
+    kernel = initial_global_kernel(stack, RecycleSpec(num_inducing=num_inducing),
+                                   inducing.shape[-1], stack.standardisation, True)
     meta = MetaGP(stack, inducing, kernel, collapsed=collapsed)
     if not collapsed:
         meta.set_optimal_posterior()

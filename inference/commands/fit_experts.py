@@ -15,13 +15,13 @@ from pyrogp_models.inference.commands.common import (
     write_module_folder,
 )
 from pyrogp_models.inference.commands.fit_local import _feature_names
+from pyrogp_models.inference.commands.kernel_option import add_kernel_argument
 from pyrogp_models.inference.experts_fit import DEFAULT_TRAIN_CONFIG, ExpertsSpec, fit_exact_experts
 from pyrogp_models.inference.tables import format_table
 
 from pyrogp_models.data import load_table, split_features_target
 from pyrogp_models.data.partitioners import partition_kmeans, partition_random
 from pyrogp_models.errors import DataError
-from pyrogp_models.kernels import PROFILES
 
 NAME = "fit-experts"
 HELP = ("fit exact GP experts with shared hyperparameters on partitions of the data and save "
@@ -41,8 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="about P points per expert: J = ceil(N / P) experts")
     parser.add_argument("--partition-by", default="kmeans", choices=PARTITION_KINDS,
                         help="how to split the data (default: kmeans)")
-    parser.add_argument("--kernel", default="rbf", choices=sorted(PROFILES),
-                        help="kernel family (default: rbf)")
+    add_kernel_argument(parser)
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
     parser.add_argument("--steps", type=int, metavar="N",
                         help=f"maximum L-BFGS steps on the summed log marginal likelihood "

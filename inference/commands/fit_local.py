@@ -18,6 +18,7 @@ from pyrogp_models.inference.commands.common import (
     report_modules,
     write_module_folder,
 )
+from pyrogp_models.inference.commands.kernel_option import add_kernel_argument
 from pyrogp_models.inference.executors import fit_local_on
 from pyrogp_models.inference.local_fit import (
     COLLAPSED_CONFIG,
@@ -38,7 +39,6 @@ from pyrogp_models.data.partitioners import (
     partition_random,
 )
 from pyrogp_models.errors import DataError
-from pyrogp_models.kernels import PROFILES
 from pyrogp_models.likelihoods import LIKELIHOODS
 
 NAME = "fit-local"
@@ -68,8 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--classes", type=int, metavar="C",
                         help="number of classes for categorical (default: largest label + 1)")
     parser.add_argument("--link", help="bernoulli: logit|probit; categorical: softmax|robustmax")
-    parser.add_argument("--kernel", default="rbf", choices=sorted(PROFILES),
-                        help="kernel family (default: rbf)")
+    add_kernel_argument(parser)
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
     parser.add_argument("--steps", type=int, metavar="N",
                         help=f"maximum optimiser steps (default: {COLLAPSED_CONFIG.steps} "

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pyrogp_models.inference.commands.common import one_line_warnings, read_inputs
+from pyrogp_models.inference.commands.kernel_option import add_kernel_argument
 from pyrogp_models.inference.recycling import (
     COLLAPSED_CONFIG,
     UNCOLLAPSED_CONFIG,
@@ -59,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bound.add_argument("--uncollapsed", action="store_true",
                        help="learn q too (natural-gradient steps), the kernel and inducing "
                             "inputs by Adam")
+    add_kernel_argument(parser, None, "the kernel most modules share, with the median of their "
+                                      "values")
     parser.add_argument("--data", type=Path, metavar="RAW",
                         help="new raw data (CSV or .npz) fitted together with the modules")
     parser.add_argument("--target", help="the observed column of --data (default: the "
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                        collapsed=True if args.collapsed else False if args.uncollapsed else None,
                        on_unbounded="warn" if args.on_unbounded == "warn" else "raise",
                        repair_sites=args.on_unbounded == "repair", likelihood=args.likelihood,
-                       name=out.name.removesuffix(SUFFIX))
+                       kernel=args.kernel, name=out.name.removesuffix(SUFFIX))
     collapsed = uses_collapsed_bound(spec, raw)
     if collapsed and args.lr is not None:
         raise DataError("--lr sets Adam's learning rate of the uncollapsed bound; the collapsed "

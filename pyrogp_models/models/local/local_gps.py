@@ -82,7 +82,7 @@ class LocalGPs(PyroModule):
         self.likelihood_options = dict(likelihood_options or {})
         self.collapsed = collapsed
         self.partition = partition
-        self.kernel_template = resolve_kernel(kernel, X.shape[-1], ard)
+        template = resolve_kernel(kernel, X.shape[-1], ard)
         sizes = partition.sizes
         per_partition = np.broadcast_to(np.asarray(num_inducing), sizes.shape)
         if bool((per_partition > sizes).any()):
@@ -102,12 +102,12 @@ class LocalGPs(PyroModule):
             rows = int(mask[members].sum(-1).max())
             Z = torch.stack([inducing[k] for k in members.tolist()]).to(X)
             self.groups.append(self._build_group(
-                Xp[members, :rows], yp[members, :rows], mask[members, :rows], Z,
+                Xp[members, :rows], yp[members, :rows], mask[members, :rows], Z, template,
                 learn_inducing, batch_size, jitter, noise))
             self.group_members.append(members)
             self._group_index.append(index[members, :rows])
 
-    def _build_group(self, X, y, mask, Z, learn_inducing, batch_size, jitter,
+    def _build_group(self, X, y, mask, Z, template, learn_inducing, batch_size, jitter,
                      noise) -> BatchedSVGP:
         """One group's SVGP, initialised by the rule of
         :mod:`~pyrogp_models.models.local.initialisation`."""
@@ -118,10 +118,10 @@ class LocalGPs(PyroModule):
             values = {"variance": initial_noise if noise is None else noise}
         likelihood = make_likelihood(self.likelihood_name, (count,), X.dtype, X.device,
                                      **self.likelihood_options, **values)
-        if isinstance(self.kernel_template, External):
-            kernel_module = self.kernel_template.batched((count, likelihood.num_latent)).to(X)
+        if isinstance(template, External):
+            kernel_module = template.batched((count, likelihood.num_latent)).to(X)
         else:
-            kernel_module = initial_kernel(self.kernel_template, X, mask, Z.shape[-2],
+            kernel_module = initial_kernel(template, X, mask, Z.shape[-2],
                                            variance, likelihood.num_latent)
         return BatchedSVGP(Z, kernel_module, likelihood, X, y, mask,
                            learn_inducing=learn_inducing, inducing_scale=input_spread(X, mask),
