@@ -26,7 +26,6 @@ from pyrogp_models.inference.commands.common import one_line_warnings, write_mod
 from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
 from pyrogp_models.inference.metrics import regression_report
 from pyrogp_models.inference.recycling import RecycleSpec, recycle
-from pyrogp_models.inference.tables import format_table
 from pyrogp_models.inference.trainer import TrainConfig
 
 from pyrogp_models.data import load_sunspots
@@ -36,6 +35,7 @@ from pyrogp_models.modules.files import save_module
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.routing import RoutedModules
+from pyrogp_models.text import format_table
 
 OUTPUT = Path("demo_output")
 SEED = 0

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from pyrogp_models.inference.cli import main
-from pyrogp_models.inference.health import module_flags
 from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
 from pyrogp_models.inference.trainer import TrainConfig, train
 
@@ -25,6 +24,7 @@ from pyrogp_models.modules.files import (
     save_module,
     save_modules,
 )
+from pyrogp_models.modules.health import module_flags
 
 
 @pytest.fixture(scope="module")
