@@ -24,6 +24,7 @@ from pyrogp_models.errors import (
     DataError,
     ModuleFileError,
     NotConvergedWarning,
+    PyrogpError,
     UnroutableModulesError,
 )
 from pyrogp_models.io.formats import MODULE_FOLDER
@@ -111,8 +112,11 @@ def predictor_from_args(args: argparse.Namespace) -> Predictor:
     if not fmt.holds_modules:
         raise DataError(f"--rule, --weights and --temperature combine modules; "
                         f"{fmt.noun} is a single model")
-    from pyrogp_models.models.experts.predictor import ExpertCombination
-
+    try:
+        from pyrogp_models.models.experts.predictor import ExpertCombination
+    except ImportError as error:
+        raise PyrogpError(f"--rule needs pyrogp_models.models.experts.predictor, which cannot be "
+                          f"imported ({error})") from None
     return ExpertCombination(io.load_modules(args.modules).modules, args.rule,
                              weights=args.weights, temperature=args.temperature)
 

@@ -269,17 +269,17 @@ Check = tuple[str, Callable[[Module], object]]
 #: What every purpose needs of all modules alike, compared with the first module.
 _SAME: dict[str, tuple[Check, ...]] = {
     "recycle": (("input dimension", lambda m: m.input_dim),
-                ("data columns", lambda m: m.columns)),
+                ("data columns (features, target, units)", lambda m: m.columns)),
     "recycle-outputs": (("input dimension", lambda m: m.input_dim),
                         ("features", lambda m: m.columns.features)),
     "combine": (("likelihood", lambda m: (m.likelihood_name, m.likelihood_options)),
                 ("number of latent functions", lambda m: m.num_latent),
                 ("input dimension", lambda m: m.input_dim),
-                ("data columns", lambda m: m.columns)),
+                ("data columns (features, target, units)", lambda m: m.columns)),
     "route": (("likelihood and number of latent functions",
                lambda m: (m.likelihood_name, m.num_latent)),
               ("input dimension", lambda m: m.input_dim),
-              ("data columns", lambda m: m.columns)),
+              ("data columns (features, target, units)", lambda m: m.columns)),
 }
 
 
