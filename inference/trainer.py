@@ -50,6 +50,7 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 from pyrogp_models.inference.batched_lbfgs import BatchedLBFGS
 from pyrogp_models.inference.natural_gradient import NaturalGradient
+from pyrogp_models.inference.protocols import IndependentMembers, NoisyObjective
 from pyrogp_models.inference.train_config import TrainConfig
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
@@ -92,7 +93,7 @@ class PreStepHook(Protocol):
 def _make_optimizer(config: TrainConfig, params, module):
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr)
-    if hasattr(module, "member_objectives"):
+    if isinstance(module, IndependentMembers):
         return BatchedLBFGS(module.member_objectives())
     return torch.optim.LBFGS(params, lr=config.lr, max_iter=20, history_size=50,
                              line_search_fn="strong_wolfe", tolerance_grad=1e-12,
@@ -189,7 +190,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                leave=False)
     members = (_MemberConvergence(optimizer, module) if isinstance(optimizer, BatchedLBFGS)
                else None)
-    noisy = bool(getattr(module, "noisy_objective", False))
+    noisy = isinstance(module, NoisyObjective) and bool(module.noisy_objective)
     step, began = start, time.perf_counter()
     try:
         with deferred_checks():
