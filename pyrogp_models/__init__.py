@@ -48,10 +48,11 @@ _EXPORTS = {
     "RoutedModules": "pyrogp_models.modules.routing",
     **dict.fromkeys(["load_module", "load_modules", "save_module", "save_modules"],
                     "pyrogp_models.modules.files"),
-    **dict.fromkeys(["load_predictor", "describe", "file_format"], "pyrogp_models.io"),
+    **dict.fromkeys(["load_predictor", "describe"], "pyrogp_models.io"),
     # data and partitioners
     **dict.fromkeys(["Standardisation", "Table", "load_banana", "load_sunspots", "load_table"],
                     "pyrogp_models.data"),
+    "Columns": "pyrogp_models.data.columns",
     **dict.fromkeys(["Partition", "partition_by_label", "partition_contiguous",
                      "partition_kmeans", "partition_random"], "pyrogp_models.data.partitioners"),
     # errors

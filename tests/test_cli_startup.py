@@ -116,3 +116,15 @@ def test_out_under_a_file_fails_before_the_fit(capsys, monkeypatch, data_csv, na
                         attribute, never)
     message = run_failing(capsys, name, data_csv, *argv, "--out", data_csv / "out")
     assert "does not exist" in message
+
+
+@pytest.mark.parametrize("package", ["pyrogp_models", "pyrogp_models.inference"])
+def test_every_public_name_imports(package):
+    """The packages' exports are lazy: each name of ``__all__`` resolves on first use."""
+    exit_code = subprocess.run(
+        [sys.executable, "-c", f"import {package} as p\n"
+                               "missing = [n for n in p.__all__ if getattr(p, n, None) is None]\n"
+                               "assert not missing, missing\n"
+                               f"exec('from {package} import *')"],
+        capture_output=True, text=True).returncode
+    assert exit_code == 0
