@@ -55,8 +55,8 @@ HOOK_ITERATIONS = 15
 #: Relative CG residual ‖b − Hm‖/‖b‖ at which a solve stops (the hook freezes, the final solve
 #: returns).
 SOLVE_TOL = 1e-7
-#: The training defaults (:data:`~pyrogp_models.inference.train_config.
-#: DISTRIBUTED_KERNEL_CONFIG`; a warning says when the step limit stops a fit first).
+#: The training defaults (a warning says when the step limit stops a fit first):
+#: :data:`~pyrogp_models.inference.train_config.DISTRIBUTED_KERNEL_CONFIG`.
 DEFAULT_TRAIN_CONFIG = DISTRIBUTED_KERNEL_CONFIG
 
 

@@ -149,8 +149,9 @@ def collapsed_bound(spec: LocalFitSpec) -> bool:
 
 
 def default_config(spec: LocalFitSpec) -> TrainConfig:
-    """:data:`COLLAPSED_CONFIG` for the collapsed bound, else :data:`UNCOLLAPSED_CONFIG` (with
-    minibatches a natural-gradient step of :data:`MINIBATCH_NATURAL_GRADIENT`)."""
+    """The collapsed bound's configuration, else the uncollapsed one (with minibatches a
+    natural-gradient step of ``MINIBATCH_NATURAL_GRADIENT``), from
+    :mod:`pyrogp_models.inference.train_config`."""
     if collapsed_bound(spec):
         return COLLAPSED_CONFIG
     if spec.batch_size is not None:

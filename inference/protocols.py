@@ -33,7 +33,8 @@ class IndependentMembers(Protocol):
 
     def member_objectives(self, precise: bool = False
                           ) -> list[tuple[Sequence[torch.nn.Parameter],
-                                          Callable[[], torch.Tensor]]]: ...
+                                          Callable[[], torch.Tensor]]]:
+        """(parameters, −objective [K]) per group; ``precise``: evaluated to rounding."""
 
 
 @runtime_checkable
@@ -41,7 +42,8 @@ class NaturalGradientLayers(Protocol):
     """A model whose variational layers take natural-gradient steps on q(u)."""
 
     def natural_gradient_objectives(self) -> list[tuple[SparseGPLayer,
-                                                        Callable[[], torch.Tensor] | None]]: ...
+                                                        Callable[[], torch.Tensor] | None]]:
+        """(layer, objective or None) for every variational sparse-GP layer."""
 
 
 @runtime_checkable

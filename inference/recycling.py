@@ -43,8 +43,9 @@ from pyrogp_models.modules.stack import ModuleStack, clip_site_precisions
 class RawData:
     """New raw data in data units, fitted together with the modules (combined bound, eq. 19).
 
-    ``likelihood=None`` takes the modules' common likelihood (:class:`MixedLikelihoodsError`
-    if they differ); ``likelihood_options=None`` the options of the modules with that
+    ``likelihood=None`` takes the modules' common likelihood
+    (:class:`~pyrogp_models.errors.MixedLikelihoodsError` if they differ);
+    ``likelihood_options=None`` the options of the modules with that
     likelihood (none without such modules)."""
 
     X: np.ndarray | torch.Tensor

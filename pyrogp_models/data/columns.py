@@ -20,7 +20,7 @@ class Columns:
     """Feature names (one per input, in input order), the target name and units by column name
     (each optional; ``Columns()`` knows nothing)."""
 
-    features: tuple[str, ...] | None = None
+    features: Sequence[str] | None = None  # a tuple once built
     target: str | None = None
     units: Mapping[str, str] = field(default_factory=dict)
 

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -34,7 +34,6 @@ FORMAT_NAMES = {"pyrogp-module": "a module file",
 #: safetensors refuses headers above 100 MB; anything larger is not one of ours.
 _MAX_HEADER = 100_000_000
 
-Built = TypeVar("Built")
 #: Makes the error of a broken file from the reason: ``fail(reason) -> ModuleFileError``.
 Fail = Callable[[str], ModuleFileError]
 
@@ -69,8 +68,8 @@ class SignedFormat:
         atomic_write(path, self.to_bytes(record, tensors))
         return path
 
-    def from_bytes(self, data: bytes, build: Callable[[dict, dict, Fail], Built],
-                   source: str = "<bytes>") -> Built:
+    def from_bytes(self, data: bytes, build: Callable[[dict, dict, Fail], Any],
+                   source: str = "<bytes>") -> Any:
         """Check the bytes of a file and build its object; ``source`` names it in errors."""
 
         def fail(reason: str) -> ModuleFileError:
@@ -82,7 +81,7 @@ class SignedFormat:
         except (KeyError, TypeError, ValueError, IndexError) as error:
             raise fail(f"invalid record ({type(error).__name__}: {error})") from None
 
-    def load(self, path: str | Path, build: Callable[[dict, dict, Fail], Built]) -> Built:
+    def load(self, path: str | Path, build: Callable[[dict, dict, Fail], Any]) -> Any:
         """Read, check and build the file at ``path``."""
         path = Path(path)
         if not path.is_file():

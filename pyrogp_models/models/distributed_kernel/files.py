@@ -7,8 +7,8 @@ options, variational family, region structure, standardisation, N, ELBO, the dat
 The tensors are the cut values of each active dimension (``cuts.<d>``), Z [J, m, D], the
 whitened q(v) (``q_mean`` [J, m], or [J·m] for the joint q, and ``q_sqrt``) and the
 hyperparameters (``kernel.*``, ``likelihood.*``), all in standardised units. Loading checks the
-digest, every shape and value, and never unpickles; any problem raises :class:`ModuleFileError`
-naming the file.
+digest, every shape and value, and never unpickles; any problem raises
+:class:`~pyrogp_models.errors.ModuleFileError` naming the file.
 
 :class:`DistributedKernelPredictor` is the fitted model as a
 :class:`~pyrogp_models.modules.predictor.Predictor`: it takes and returns data units. The file
@@ -173,7 +173,8 @@ def save_distributed_kernel(predictor: DistributedKernelPredictor, path: str | P
 
 # Reading ----------------------------------------------------------------------------------------
 def load_distributed_kernel(path: str | Path) -> DistributedKernelPredictor:
-    """Read and validate a distributed-kernel file; any problem raises :class:`ModuleFileError`."""
+    """Read and validate a distributed-kernel file; any problem raises
+    :class:`~pyrogp_models.errors.ModuleFileError`."""
     return DISTRIBUTED_KERNEL_FILE.load(path, _build)
 
 

@@ -7,7 +7,8 @@ kind, T, D and options, likelihood included), the standardisation, the predictiv
 their seed, and ``info`` (features, target column(s), task column, task names, fit summary). The
 tensors are the model's state (parameters unconstrained, the fixed inner means); no data.
 Loading checks the digest, the version, the kind, every tensor's presence, shape and finiteness,
-and never unpickles; any problem raises :class:`ModuleFileError` with one line naming the file.
+and never unpickles; any problem raises :class:`~pyrogp_models.errors.ModuleFileError` with one
+line naming the file.
 :func:`describe_multitask` is the summary of a fitted model (what ``pyrogp info`` prints).
 """
 
@@ -45,7 +46,8 @@ def save_multitask(predictor: MultitaskPredictor, path: str | Path) -> Path:
 
 # Reading ----------------------------------------------------------------------------------------
 def load_multitask(path: str | Path) -> MultitaskPredictor:
-    """Read and validate a multitask file; any problem raises :class:`ModuleFileError`."""
+    """Read and validate a multitask file; any problem raises
+    :class:`~pyrogp_models.errors.ModuleFileError`."""
     return MULTITASK_FILE.load(path, _build)
 
 
