@@ -14,6 +14,7 @@ from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
 from pyrogp_models.inference.trainer import TrainConfig, train
 
 from helpers import run_failing, run_ok, write_csv
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.errors import ModuleFileError, NotConvergedWarning
 from pyrogp_models.models.local.local_gps import LocalGPs
@@ -42,7 +43,7 @@ def sites(folder, site_data):
     paths = []
     for name, rows in (("siteA", x < 5), ("siteB", x >= 5)):
         fit = fit_local((x[rows, None], y[rows], partition_contiguous(x[rows, None], 3)),
-                        LocalFitSpec(num_inducing=6, info={"features": ["x"], "target": "y"}))
+                        LocalFitSpec(num_inducing=6, columns=Columns(["x"], "y")))
         paths.append(save_modules(fit.modules, folder / name,
                                   partition_contiguous(x[rows, None], 3)))
     return paths

@@ -155,8 +155,7 @@ def feature_columns(table: Table, targets: list[str], listed: str | None,
         table.column(name)
     if listed is None:
         return [name for name in table.columns if name not in {*targets, *others}]
-    features = column_list(listed, "--features")
-    return features
+    return column_list(listed, "--features")
 
 
 def column_list(text: str, flag: str) -> list[str]:
