@@ -17,7 +17,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.trainer import TrainConfig, train
+from pyrogp_models.inference.train_config import MULTITASK_CONFIG, TrainConfig
+from pyrogp_models.inference.trainer import train
 
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.models.multitask import (
@@ -66,7 +67,7 @@ SINGLE_LAYER = ("igp", "cgp")
 def default_config(spec: MultitaskSpec) -> TrainConfig:
     """Adam (lr 0.05, at most 1000 steps, tolerance 1e-6 over 50 steps); for iGP and cGP also a
     unit natural-gradient step on q(u) before each Adam step."""
-    config = TrainConfig()
+    config = MULTITASK_CONFIG
     return replace(config, natural_gradient_lr=1.0) if spec.model in SINGLE_LAYER else config
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from pyrogp_models.inference.protocols import NaturalGradientLayers
 
 from pyrogp_models.gaussian.linalg import inverse_cholesky, triangular_solve
 from pyrogp_models.layers import SparseGPLayer, variational_layers
@@ -116,7 +117,7 @@ def _objectives(module: torch.nn.Module) -> list[tuple[SparseGPLayer, Objective]
                          "already)")
     declared: dict[int, Objective] = {}
     for owner in module.modules():
-        if hasattr(owner, "natural_gradient_objectives"):
+        if isinstance(owner, NaturalGradientLayers):
             declared.update({id(layer): objective
                              for layer, objective in owner.natural_gradient_objectives()})
     missing = [layer for layer in layers if id(layer) not in declared]
