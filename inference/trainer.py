@@ -68,7 +68,9 @@ class TrainConfig:
     ``steps`` is the maximum number of optimiser steps; ``tol``/``window`` the convergence test
     (None: run all steps); ``natural_gradient_lr`` the step size γ of a natural-gradient step on
     every q(u) before each optimiser step (None: q(u) is optimised with the other parameters);
-    ``time_budget`` a limit in seconds.
+    ``hooks_in_closure``: with torch's L-BFGS, run the hooks before every evaluation of the loss
+    instead (a unit natural-gradient step on a conjugate q(u) then makes L-BFGS minimise the
+    collapsed bound of the other parameters); ``time_budget`` a limit in seconds.
     """
 
     optimizer: str = "adam"
@@ -82,6 +84,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     resume: bool = False
     natural_gradient_lr: float | None = None
+    hooks_in_closure: bool = False
     time_budget: float | None = None
 
     def __post_init__(self):
@@ -208,8 +211,12 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     def loss_fn():
         return elbo.differentiable_loss(module.model, module.guide, *args, **kwargs)
 
+    in_closure = config.hooks_in_closure and config.optimizer == "lbfgs"
+
     def closure():
         optimizer.zero_grad()
+        for hook in hooks if in_closure else ():
+            hook(loss_fn)
         loss = loss_fn()
         if params:
             loss.backward(inputs=params)
@@ -229,7 +236,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
         with deferred_checks():
             while step < config.steps:
                 try:
-                    for hook in hooks:
+                    for hook in () if in_closure else hooks:
                         hook(loss_fn)
                     if isinstance(optimizer, BatchedLBFGS):
                         loss = optimizer.step()
