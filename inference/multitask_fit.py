@@ -24,7 +24,6 @@ predictor works in data units and takes the task of every point as ``labels``.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
@@ -130,22 +129,23 @@ def default_config(spec: MultitaskSpec) -> TrainConfig:
     """How ``spec.model`` trains by default (see the module docstring):
 
     - deterministic single-layer objective: L-BFGS (lr 1, strong Wolfe), at most 500 steps of 20
-      iterations, converged when the ELBO changes by < 1e-9 relative over 2 steps; for a
-      Gaussian iGP a unit natural-gradient step puts q(u) at its optimum before every
-      evaluation, so L-BFGS minimises the collapsed bound of the hyperparameters;
+      iterations, converged when the ELBO changes by < 1e-9 relative over 2 steps; with a
+      Gaussian likelihood a unit natural-gradient step puts q(u) at its optimum before every
+      evaluation (iGP's q per task, cGP's joint q over its latent GPs), so L-BFGS minimises the
+      collapsed bound of the hyperparameters;
     - otherwise Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of 100
       steps changes by < 1e-5 relative beyond twice its standard error, with natural-gradient
       steps on q(u) (γ = 1 for a single-layer model; 0.1 on a deep model's top layer where the
       likelihood is Gaussian)."""
     if deterministic_objective(spec, spec.model):
         config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, tol=1e-9, window=2)
-        if spec.model == "igp" and spec.likelihood == "gaussian":
+        if spec.likelihood == "gaussian":
             return replace(config, natural_gradient_lr=1.0, hooks_in_closure=True)
         return config
     config = TrainConfig(lr=0.01, steps=20000, tol=1e-5, window=100)
     if spec.model in CONTAINED.values():
         return replace(config, natural_gradient_lr=1.0)
-    if spec.likelihood == "gaussian" and spec.model in ("smdgp", "mmdgp", "idgp"):
+    if spec.likelihood == "gaussian":
         return replace(config, natural_gradient_lr=0.1)
     return config
 

@@ -4,14 +4,15 @@ one file (:mod:`pyrogp_models.models.multitask.files`).
 The table is in long form (a task column and one target) or wide form (one target per task,
 NaN cells unobserved): :mod:`pyrogp_models.inference.commands.multitask_inputs`. The fit itself is
 :func:`pyrogp_models.inference.multitask_fit.fit_multitask_dgp` (Boustati et al.'s doubly-stochastic
-ELBO, eq. 9, trained by Adam).
+ELBO, eq. 9: L-BFGS for the single-layer models; a deep model starts from the fitted shallow
+model it contains, trains by Adam and keeps the better ELBO). The file records the final ELBO and
+every phase of the fit (``pyrogp info`` shows them).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,14 +23,13 @@ from pyrogp_models.inference.commands.fit_local import _likelihood_options
 from pyrogp_models.inference.commands.multitask_inputs import TaskColumns, TaskRows
 from pyrogp_models.inference.multitask_fit import MultitaskSpec, default_config, fit_multitask_dgp
 from pyrogp_models.inference.tables import format_table
-from pyrogp_models.inference.trainer import TrainConfig, TrainResult
 
 from pyrogp_models.data import load_table
 from pyrogp_models.errors import DataError
 from pyrogp_models.likelihoods import make_likelihood
-from pyrogp_models.models.multitask import MultitaskOptions
 from pyrogp_models.models.multitask.families import SUMMARIES
 from pyrogp_models.models.multitask.files import FORMAT, save_multitask
+from pyrogp_models.models.multitask.options import MAX_DEFAULT_INDUCING
 
 NAME = "fit-multitask"
 HELP = "fit a multitask (deep) GP on several tasks and save it as one file"
@@ -39,8 +39,8 @@ LIKELIHOOD_NAMES = ("gaussian", "bernoulli", "categorical")
 WIDTH_OPTIONS = {"--shared": {"smdgp": "shared_width", "mmdgp": "shared_width",
                               "cmdgp": "inner_width"},
                  "--private": {"mmdgp": "private_width", "idgp": "private_width"}}
-DEFAULT_OPTIONS = MultitaskOptions()
-DEFAULT_TRAINING = TrainConfig()
+SHALLOW_TRAINING = default_config(MultitaskSpec(model="igp"))
+DEEP_TRAINING = default_config(MultitaskSpec(model="smdgp"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,18 +69,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--private", type=int, metavar="W",
                         help="width of every task's private latent process (mmdgp, idgp) "
                              "(default: as for --shared, the other half for mmdgp)")
-    parser.add_argument("--inducing", type=int, default=DEFAULT_OPTIONS.num_inducing,
-                        metavar="M", help="inducing inputs per task "
-                                          f"(default: {DEFAULT_OPTIONS.num_inducing})")
-    parser.add_argument("--steps", type=int, default=DEFAULT_TRAINING.steps, metavar="N",
-                        help=f"maximum Adam steps; the fit stops earlier once converged "
-                             f"(default: {DEFAULT_TRAINING.steps}; igp and cgp add a unit "
-                             "natural-gradient step on q(u) before each)")
-    parser.add_argument("--lr", type=float, default=DEFAULT_TRAINING.lr,
-                        help=f"Adam learning rate (default: {DEFAULT_TRAINING.lr:g})")
-    parser.add_argument("--seed", type=int, default=DEFAULT_TRAINING.seed,
+    parser.add_argument("--inducing", type=int, metavar="M",
+                        help="inducing inputs of every process (each task's top GP, private "
+                             "and shared processes, each latent GP of cgp): the same budget in "
+                             "every model (default: the rows of the largest task, all of them "
+                             f"up to {MAX_DEFAULT_INDUCING})")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help="maximum optimiser steps of the model; the fit stops earlier once "
+                             f"converged (default: {SHALLOW_TRAINING.steps} L-BFGS steps for "
+                             f"igp and cgp, {DEEP_TRAINING.steps} Adam steps for the deep "
+                             "models, which first fit the shallow model they contain — igp, "
+                             "cgp for cmdgp — start from it and keep the better ELBO)")
+    parser.add_argument("--lr", type=float,
+                        help=f"learning rate (default: {DEEP_TRAINING.lr:g} for Adam, "
+                             f"{SHALLOW_TRAINING.lr:g} for L-BFGS)")
+    parser.add_argument("--seed", type=int, default=DEEP_TRAINING.seed,
                         help=f"seed of the initialisation and training draws "
-                             f"(default: {DEFAULT_TRAINING.seed})")
+                             f"(default: {DEEP_TRAINING.seed})")
     parser.add_argument("--out", required=True, type=Path, metavar="FILE",
                         help="the file to write (e.g. model.safetensors)")
 
@@ -99,28 +104,25 @@ def run(args: argparse.Namespace) -> int:
     options["likelihood_options"] = _likelihood_options(args, rows.y)
     _check_labels(args.likelihood, options["likelihood_options"], rows, columns)
     spec = MultitaskSpec(model=args.model, likelihood=args.likelihood, **options)
-    config = replace(default_config(spec), steps=args.steps, lr=args.lr, seed=args.seed,
+    config = default_config(spec)
+    config = replace(config, steps=config.steps if args.steps is None else args.steps,
+                     lr=config.lr if args.lr is None else args.lr, seed=args.seed,
                      progress=sys.stderr.isatty())
-    start = time.perf_counter()
     with one_line_warnings("raise --steps"):
         fit = fit_multitask_dgp((rows.X, rows.task, rows.y), spec, config)
-    seconds = time.perf_counter() - start
-    elbo = final_elbo(fit.result, config.window)
-    fit.predictor.info = {**columns.to_info(), "num_data": counts, "elbo": elbo,
-                          "steps": fit.result.steps, "converged": fit.result.converged}
+    fit.predictor.info = {**columns.to_info(), "num_data": counts, **fit.summary()}
     path = save_multitask(fit.predictor, args.out)
     print(format_table(["task", "N"], list(zip(columns.tasks, counts, strict=True))))
-    status = "converged" if fit.result.converged else "not converged"
-    print(f"\n{args.model}, {len(columns.tasks)} tasks: ELBO {elbo:.6g} (mean of the last "
-          f"{min(config.window, fit.result.steps)} steps), {fit.result.steps} steps, {status}, "
-          f"{seconds:.1f} s; written to {path}")
+    print("\n" + format_table(["phase", "steps", "seconds", "converged", "ELBO"],
+                              [(phase.model, phase.steps, f"{phase.seconds:.1f}",
+                                "yes" if phase.converged else "no", f"{phase.elbo:.6g}")
+                               for phase in fit.phases]))
+    kept = "" if fit.kept == args.model else f" (kept at the {fit.kept} it contains)"
+    print(f"\n{args.model}, {len(columns.tasks)} tasks, M = {fit.spec.num_inducing}: ELBO "
+          f"{fit.elbo:.6g}{kept}, {fit.steps} steps, "
+          f"{'converged' if fit.converged else 'not converged'}, {fit.seconds:.1f} s; "
+          f"written to {path}")
     return 0
-
-
-def final_elbo(result: TrainResult, window: int) -> float:
-    """The ELBO at the end of training: minus the mean loss of the last ``window`` steps (one
-    step's doubly-stochastic estimate is noisy)."""
-    return -float(np.mean(result.losses[-window:]))
 
 
 def _model_options(args: argparse.Namespace) -> dict:

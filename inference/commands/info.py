@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
 from pyrogp_models.inference.commands.common import MAX_ROWS, describe_rule, report_modules
-from pyrogp_models.inference.tables import format_number, format_table
+from pyrogp_models.inference.tables import format_number
 
+from pyrogp_models.errors import DataError
 from pyrogp_models.models.distributed_kernel.files import is_distributed_kernel_file
-from pyrogp_models.models.multitask import MultitaskPredictor
-from pyrogp_models.models.multitask.families import SUMMARIES
+from pyrogp_models.models.multitask.description import describe_multitask, multitask_summary
 from pyrogp_models.models.multitask.files import is_multitask_file, load_multitask
-from pyrogp_models.models.multitask.outputs import CoregionalisedGP
 from pyrogp_models.modules.files import load_modules_from, partition_rule, resolve_path
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.routing import load_predictor
@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a module file, a folder of modules or a model file")
     parser.add_argument("--verbose", action="store_true",
                         help=f"list every module (default: a summary beyond {MAX_ROWS})")
+    parser.add_argument("--json", action="store_true",
+                        help="a multitask file: print its summary (model, tasks, final ELBO, "
+                             "fit phases) as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,8 +40,12 @@ def run(args: argparse.Namespace) -> int:
         print(load_predictor(path).describe())
         return 0
     if is_multitask_file(path):
-        print(describe_multitask(load_multitask(path)))
+        predictor = load_multitask(path)
+        print(json.dumps(multitask_summary(predictor), indent=1) if args.json
+              else describe_multitask(predictor))
         return 0
+    if args.json:
+        raise DataError(f"--json describes multitask files; {path} is not one")
     modules = load_modules_from(path)
     rule = partition_rule(path)
     print(report_modules(modules, {
@@ -73,50 +80,3 @@ def _likelihood(module: Module) -> str:
               for key, value in module.likelihood_params.items()]
     settings = ", ".join(options + params)
     return f"{module.likelihood_name}({settings})" if settings else module.likelihood_name
-
-
-def describe_multitask(predictor: MultitaskPredictor) -> str:
-    """The kind, tasks, layer sizes, per-task likelihood parameters and top-layer ARD weights
-    ω = 1/ℓ² (Boustati et al. eq. 10) of a multitask model, and its fit."""
-    model, info = predictor.model, predictor.info
-    tasks = info.get("tasks") or [str(t) for t in range(model.num_tasks)]
-    likelihood = model.likelihood
-    options = ", ".join(f"{key}={value}" for key, value in likelihood.options().items())
-    features = info.get("features") or [f"x{d}" for d in range(model.input_dim)]
-    lines = [f"multitask model: {model.kind} ({SUMMARIES[model.kind]})",
-             f"{model.num_tasks} tasks, {model.input_dim} input{'s' * (model.input_dim > 1)} "
-             f"({', '.join(features)}); "
-             f"likelihood {likelihood.name}" + (f" ({options})" if options else ""),
-             f"M = {model.options.num_inducing} inducing inputs per task; q(u) shapes: "
-             + ", ".join(f"{name} {list(layer.q_mean.shape)}"
-                         for name, layer in model.variational_sites())]
-    weights = model.ard_weights().detach()
-    per_task = not isinstance(model.top, CoregionalisedGP)
-    parameters = {key: value.detach() for key, value in likelihood.parameter_values().items()}
-    counts = info.get("num_data")
-    rows = [(name, counts[t] if counts else "-",
-             *(format_number(float(value[t]), 4) for value in parameters.values()),
-             *([_weights(weights[t])] if per_task else []))
-            for t, name in enumerate(tasks)]
-    lines += ["", format_table(["task", "N", *parameters, *(["ARD weights"] if per_task else [])],
-                               rows), ""]
-    if not per_task:
-        lines.append("ARD weights of the shared top-layer kernel(s): "
-                     + " | ".join(_weights(row) for row in weights))
-    if model.is_deep:
-        lines.append(f"ARD weights are over the {weights.shape[-1]} columns of the latent space "
-                     f"λ, the first {model.latent.shared_width} from shared processes")
-    if "elbo" in info:
-        status = "converged" if info.get("converged") else "not converged"
-        lines.append(f"fit: ELBO {info['elbo']:.6g}, {info.get('steps')} steps, {status}")
-    if "targets" in info:
-        lines.append(f"table: task column '{info['task_column']}', target '{info['targets'][0]}'"
-                     if info.get("task_column") else "table: one target column per task")
-    if model.is_deep:
-        lines.append(f"predictions: a mixture of S = {predictor.num_samples} draws of λ")
-    lines.append("kernel hyperparameters and Gaussian noise refer to the standardised data")
-    return "\n".join(lines)
-
-
-def _weights(row: torch.Tensor) -> str:
-    return ", ".join(format_number(value, 3) for value in row.tolist())

@@ -96,7 +96,8 @@ class _Layers:
                                 icm=options.coregionalisation == "icm",
                                 lengthscale=options.top_lengthscale,
                                 variance=options.top_variance, jitter=options.jitter,
-                                learn_inducing=options.learn_inducing)
+                                learn_inducing=options.learn_inducing,
+                                joint=self.num_latent == 1)
 
 
 class MMDGP(MultitaskGP):
@@ -172,9 +173,12 @@ class CGP(MultitaskGP):
             init.shared_inducing)
 
     def natural_gradient_objectives(self) -> list:
-        """The R latent GPs are coupled through the mixing, so every step is safeguarded by the
-        whole ELBO."""
-        return [(self.top.layer, self.elbo)]
+        """The R latent GPs are coupled through the mixing: with one joint q over them and a
+        Gaussian likelihood the top layer is conjugate; otherwise every step is safeguarded by
+        the whole ELBO."""
+        conjugate = (self.likelihood.name == "gaussian"
+                     and self.top.layer.covariance == "joint")
+        return [(self.top.layer, None if conjugate else self.elbo)]
 
 
 #: The model classes by kind.

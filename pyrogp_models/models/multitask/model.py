@@ -275,13 +275,16 @@ class MultitaskGP(PyroModule):
 
     # Natural gradients ------------------------------------------------------------------------
     def natural_gradient_objectives(self) -> list:
-        """With a Gaussian likelihood and a GP per task on top, the top layer: given the draws
+        """With a Gaussian likelihood and a GP per task (or a joint q) on top, the top layer:
+        given the draws
         of λ the ELBO is a concave quadratic in its q(u) (a unit step is that draw's optimum);
         the inner layers are left to the optimiser (objective ``"optimiser"``, the natural-
         gradient hook's ``OPTIMISER``). Raises ``ValueError`` otherwise."""
-        if self.likelihood.name != "gaussian" or not isinstance(self.top, TaskGPs):
+        conjugate_top = (isinstance(self.top, TaskGPs)
+                         or self.top.layer.covariance == "joint")
+        if self.likelihood.name != "gaussian" or not conjugate_top:
             raise ValueError(f"natural gradients of a deep GP ({self.kind}) need a Gaussian "
-                             "likelihood and a GP per task on top; train with "
+                             "likelihood and a top layer conjugate in its q(u); train with "
                              "natural_gradient_lr=None")
         inner = [(block.layer, "optimiser") for _, block in self.latent.blocks()]
         return [*inner, (self.top.layer, None)]

@@ -92,25 +92,44 @@ class CoregionalisedGP(PyroModule):
         mixing: initial W [T, R].
         icm: the φ_r share one kernel (else each has its own: LMC).
         lengthscale, variance, jitter, learn_inducing: as for :class:`TaskGPs`.
+        joint: one q(v) over the R·M whitened inducing values of all latent GPs (else one per
+            latent GP and output; L = 1 only): with a Gaussian likelihood the ELBO is then a
+            concave quadratic in q, so a unit natural-gradient step puts q at its optimum.
     """
 
     def __init__(self, inducing: torch.Tensor, num_latent: int, mixing: torch.Tensor, *,
                  icm: bool, lengthscale: float, variance: float, jitter: float,
-                 learn_inducing: bool):
+                 learn_inducing: bool, joint: bool = False):
         super().__init__()
+        if joint and num_latent != 1:
+            raise ValueError("a joint q over the latent GPs takes one output per task")
         rank = mixing.shape[-1]
         size, width = inducing.shape
         kernel = process_kernel(width, (1 if icm else rank, 1), ard=True,
                                 lengthscale=lengthscale, variance=variance, like=inducing)
         self.layer = SparseGPLayer(kernel, inducing.expand(rank, 1, size, width).clone(),
                                    (rank, num_latent), learn_inducing=learn_inducing,
-                                   jitter=jitter)
+                                   jitter=jitter, covariance="joint" if joint else "meanfield")
         self.mixing = PyroParam(mixing)
 
     def marginals(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q(f^t) at λ [..., T', P, D^λ]: mean Σ_r W_tr μ_r, variance Σ_r W_tr² σ_r² (the φ_r
-        are independent under q) [..., T, P(, L)]."""
-        return self._mix(*self.layer.marginals(self._points(latent)), latent)
+        """q(f^t) at λ [..., T', P, D^λ]: mean Σ_r W_tr μ_r and variance Σ_r W_tr² σ_r² (a q per
+        latent GP: the φ_r independent) or Σ_r W_tr² (k − ‖a_r‖²) + ‖L_qᵀ b‖² with
+        b = (W_tr a_r)_r (a joint q = N(m, L_q L_qᵀ)), a_r = chol(K_zz,r)⁻¹ k_r(Z_r, λ)
+        [..., T, P(, L)]."""
+        points = self._points(latent)
+        if self.layer.covariance == "meanfield":
+            return self._mix(*self.layer.marginals(points), latent)
+        A = self.layer.projection(points)                                  # [..., R, 1, M, n]
+        A = A.expand(*A.shape[:-4], *self.layer.batch_shape, *A.shape[-2:])
+        mean = (A.mT @ self.layer.q_mean.unsqueeze(-1)).squeeze(-1)        # [..., R, L, n]
+        prior = (self.layer.kernel.diag(points) - A.square().sum(-2)).clamp_min(0.0)
+        mean, prior = self._mix(mean, prior.expand_as(mean), latent)       # [..., T, P(, L)]
+        tasks, slots = self.mixing.shape[0], latent.shape[-2]
+        a = A.unflatten(-1, latent.shape[-3:-1]).movedim(-1, -5).movedim(-1, -5)
+        a = a.expand(*a.shape[:-5], tasks, slots, *a.shape[-3:])           # [..., T, P, R, L, M]
+        b = (a * self.mixing[:, None, :, None, None]).flatten(-3)          # [..., T, P, R·L·M]
+        return mean, prior + (b @ self.layer.q_sqrt).square().sum(-1)
 
     def conditional(self, whitened: torch.Tensor, latent: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,9 +5,9 @@ A :class:`ProcessBlock` is K processes of W outputs each — once for all tasks 
 once per task (the private h_j^t) — as one :class:`~pyrogp_models.layers.SparseGPLayer` with
 batch ([T,] K, W): every output an independent GP; the outputs of a process share its kernel
 (:mod:`.kernel`) and inducing inputs; a fixed linear mean m(x) = xW. A shared process has M
-inducing inputs like a private one, so its cost is linear in the number of tasks. Inputs arrive in the per-task layout
-[T', P, D] (T' = T, or 1 for inputs common to all tasks): a shared block evaluates every slot, a
-private block only its own task's.
+inducing inputs like a private one, so its cost is linear in the number of tasks. Inputs arrive
+in the per-task layout [T', P, D] (T' = T, or 1 for inputs common to all tasks): a shared block
+evaluates every slot, a private block only its own task's.
 
 Latent spaces (how λ^t is made from the blocks' outputs, given per-point draws of them):
 
