@@ -34,7 +34,7 @@ from pyrogp_models.models.multitask.data import MINIBATCHES
 INNER_MEANS = ("linear", "zero")
 TOP_MEANS = ("linear", "zero")
 #: The default M per process is the rows of the largest task, at most this.
-MAX_DEFAULT_INDUCING = 200
+MAX_DEFAULT_INDUCING = 100
 #: Models whose top layer is a GP per task on a latent space (they take the linear top mean).
 TASK_TOPS_ON_LATENTS = ("smdgp", "mmdgp", "idgp")
 COREGIONALISATIONS = ("icm", "lmc")
