@@ -88,7 +88,7 @@ DEEP = ("smdgp", "mmdgp", "cmdgp", "idgp")
 NAMES = {"smdgp": "sMDGP", "mmdgp": "mMDGP", "cmdgp": "cMDGP", "idgp": "iDGP", "igp": "iGP",
          "cgp": "cGP", "cgp1": "cGP (rank 1)", "irf": "iRF"}
 TOY_GAP = (0.4, 0.6)
-REAL_MODELS = ("igp", "cgp", "smdgp")
+REAL_MODELS = ("igp", "smdgp")
 #: Mixture components of the predictive: a classifier's (enough for accuracy and ROC-AUC) and
 #: the inverse-dynamics models' (3 × 1000 test rows); the toy keeps the default 200.
 CLASSIFIER_SAMPLES, ARM_SAMPLES = 50, 100
@@ -103,7 +103,7 @@ class Settings:
     transfer_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     transfer_points: int = 60
     real_sets: tuple[str, ...] = ("gilgai", "airquality")
-    real_stretches: tuple[int, ...] = (0, 1, 2)
+    real_stretches: tuple[int, ...] = (1,)
     real_models: tuple[str, ...] = REAL_MODELS
     digits_seeds: tuple[int, ...] = (0, 1, 2)
     digits_train: int = 300
@@ -842,8 +842,9 @@ def claims(payload: dict, s: Settings) -> list[dict]:
 
     toy = payload["toy"]
     t9, t10 = toy["t9"], toy["t10"]
-    for rank, key in (("rank 1, the low-rank ICM Fig. 1 criticises", "cgp1"),
-                      ("rank 2, full rank for two tasks", "cgp")):
+    ranks = (("rank 1, the low-rank ICM Fig. 1 criticises", "cgp1"),
+             ("rank 2, full rank for two tasks", "cgp"))
+    for rank, key in ranks if "mdgp_f2" in t9 else ():   # older results: another record
         claim(f"Toy (Fig. 1; spec T9), paired per seed: the better of sMDGP/mMDGP has f2 RMSE "
               f"≤ 0.9 × the ICM's ({rank}) on ≥ 4 of 5 seeds",
               f"{t9[f'wins_vs_{key}']} of {t9['seeds']} seeds; mean f2 RMSE MDGP "
