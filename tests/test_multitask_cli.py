@@ -22,6 +22,7 @@ from pyrogp_models.models.multitask.files import (
     load_multitask,
     save_multitask,
 )
+from pyrogp_models.models.multitask.options import MAX_DEFAULT_INDUCING
 from pyrogp_models.modules.files import load_module
 
 FIT = ["--inducing", "8", "--steps", "200"]
@@ -103,6 +104,12 @@ def test_fit_info_predict_evaluate_beat_a_constant_per_task(capsys, folder, fitt
     counts = [int((train.column("task") == t).sum()) for t in range(2)]
     assert re.search(rf"^0\s+{counts[0]}\s", info, re.M) and re.search(rf"^1\s+{counts[1]}\s",
                                                                        info, re.M)
+    summary = json.loads(run_ok(capsys, "info", fitted, "--json"))
+    phases = summary["phases"]
+    assert [phase["model"] for phase in phases] == ["igp", "smdgp"]
+    assert summary["elbo"] >= phases[0]["elbo"] - 1e-3          # never below the iGP it holds
+    assert summary["steps"] == sum(phase["steps"] for phase in phases)
+    assert f"fit: final ELBO {summary['elbo']:.6g}" in info
 
     run_ok(capsys, "predict", fitted, "--data", held_out_csv, "--out", folder / "pred.csv")
     predictions = load_table(folder / "pred.csv")
@@ -163,7 +170,10 @@ def test_help_names_every_model_in_one_line(capsys):
     text = run_ok(capsys, "fit-multitask", "--help")
     for kind in ("smdgp", "mmdgp", "cmdgp", "idgp", "igp", "cgp"):
         assert re.search(rf"^  {kind}\s+\S.*$", text, re.M), kind
-    assert "(default: smdgp)" in text and "(default: 20)" in text
+    flat = " ".join(text.split())
+    assert "(default: smdgp)" in flat
+    assert f"(default: the rows of the largest task, all of them up to {MAX_DEFAULT_INDUCING})" \
+        in flat
     assert "fit-multitask" in run_ok(capsys, "--help")
 
 
