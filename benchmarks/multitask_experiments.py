@@ -100,11 +100,13 @@ class Settings:
     toy_points: int = 50
     toy_steps: int = 5000
     toy_inducing: int | None = None
+    max_steps: int | None = None
     transfer_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     transfer_points: int = 60
     real_sets: tuple[str, ...] = ("gilgai", "airquality")
     real_stretches: tuple[int, ...] = (1,)
     real_models: tuple[str, ...] = REAL_MODELS
+    real_inducing: int | None = None
     digits_seeds: tuple[int, ...] = (0, 1, 2)
     digits_train: int = 300
     digits_test: int | None = None
@@ -125,9 +127,10 @@ class Settings:
 
 
 FULL = Settings()
-QUICK = Settings(toy_seeds=(0,), toy_points=20, toy_steps=30, toy_inducing=5,
+QUICK = Settings(toy_seeds=(0,), toy_points=20, toy_steps=30, toy_inducing=5, max_steps=30,
                  transfer_seeds=(0,), transfer_points=15, real_stretches=(0,),
-                 real_models=("igp", "smdgp"), digits_seeds=(0,),
+                 real_models=("igp", "smdgp"), real_sets=("airquality",), real_inducing=5,
+                 digits_seeds=(0,),
                  digits_train=30, digits_test=60, digits_steps=5, digits_inducing=4, digits_width=3,
                  arm_seeds=(0,), arm_sizes=(60, 120), arm_test=100, arm_steps=5,
                  arm_inducing=4, faims_seeds=(0,), faims_patients=60, faims_steps=5,
@@ -180,13 +183,17 @@ def task_rows(X: np.ndarray, task: int) -> np.ndarray:
     return np.full(len(X), task)
 
 
-def default_fit(pairs, kind: str, seed: int, **options):
-    """``fit_multitask_dgp`` with the library's (and the command line's) defaults; ``cgp1`` is
-    cGP with a rank-1 coregionalisation."""
+def default_fit(pairs, kind: str, seed: int, max_steps: int | None = None, **options):
+    """``fit_multitask_dgp`` with the library's (and the command line's) defaults (``max_steps``
+    caps the model's steps: smoke runs only); ``cgp1`` is cGP with a rank-1
+    coregionalisation."""
     rank = 1 if kind == "cgp1" else None
     kind = "cgp" if kind == "cgp1" else kind
     spec = MultitaskSpec(model=kind, coregional_rank=rank, **options)
-    return fit_multitask_dgp(pairs, spec, replace(default_config(spec), seed=seed))
+    config = replace(default_config(spec), seed=seed)
+    if max_steps is not None:
+        config = replace(config, steps=min(config.steps, max_steps))
+    return fit_multitask_dgp(pairs, spec, config)
 
 
 def fit_record(fit) -> dict:
@@ -200,7 +207,7 @@ def toy_job(kind: str, seed: int, s: Settings) -> dict:
     """One model on the gapped toy with the defaults; scores per region, the fit's ELBO and,
     for the figure, its predictions."""
     fit = default_fit(toy_tasks(s.toy_points, gap=TOY_GAP, seed=seed), kind, seed,
-                      num_inducing=s.toy_inducing)
+                      s.max_steps, num_inducing=s.toy_inducing)
     X, f = toy_grid(500)
     inside = (X[:, 0] > TOY_GAP[0]) & (X[:, 0] < TOY_GAP[1])
     rng = np.random.default_rng(seed + 100)
@@ -334,7 +341,8 @@ TRANSFER_MODELS = ("igp", "mmdgp")
 def transfer_job(kind: str, seed: int, s: Settings) -> dict:
     """iGP or mMDGP (defaults) on the warped two-task toy: RMSE against the true f2 in task 2's
     gap, and the fit's ELBO."""
-    fit = default_fit(warped_tasks(s.transfer_points, seed=seed), kind, seed)
+    fit = default_fit(warped_tasks(s.transfer_points, seed=seed), kind, seed, s.max_steps,
+                      num_inducing=s.toy_inducing)
     gap = warped_gap(seed)
     x = np.linspace(*gap, 200)[:, None]
     mean, _ = fit.predictor.predict_y(x, task_rows(x, 1))
@@ -432,7 +440,7 @@ def real_job(kind: str, seed: int, s: Settings, name: str) -> dict:
         train[np.flatnonzero(test).min():np.flatnonzero(test).max() + 1] = False
         prediction = linear_regression_on_outputs(Y, hidden, train, test)
         return {"rmse": metrics.rmse(truth, prediction) / scale}
-    fit = default_fit(pairs, kind, 0)
+    fit = default_fit(pairs, kind, 0, s.max_steps, num_inducing=s.real_inducing)
     mean, _ = fit.predictor.predict_y(X[test], task_rows(X[test], hidden))
     return {"rmse": metrics.rmse(truth, mean.numpy()) / scale, **fit_record(fit)}
 

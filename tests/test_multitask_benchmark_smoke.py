@@ -84,9 +84,20 @@ def test_multitask_experiments_quick(tmp_path):
         assert len(runs) == len(settings["toy_seeds"])
         assert set(runs[0]["scores"]) == {"task 1 all", "task 2 out of gap", "task 2 in gap",
                                           "task 2 all"}
-    assert np.asarray(toy["runs"]["mmdgp"][0]["ard"]).shape == (2, 2)
-    assert set(toy["t9"]) >= {"smdgp", "mmdgp", "cgp_f2_rmse", "met"}
+        assert all(np.isfinite(run["elbo"]) and run["seconds"] > 0 for run in runs)
+    assert np.asarray(toy["runs"]["mmdgp"][0]["ard"]).shape == (2, 4)     # λ = (g: 2, h: 2)
+    assert set(toy["t9"]) >= {"mdgp_f2", "cgp_f2", "cgp1_f2", "wins_vs_cgp1", "wins_vs_cgp",
+                              "met", "met_rank1"}
     assert set(toy["t10"]) == {"mmdgp_gap_rmse", "idgp_gap_rmse", "wins", "seeds", "met"}
+    for kind, floor in toy["elbo_floor"].items():                # the deep models hold iGP
+        assert min(floor["elbo_minus_igp"]) >= -1e-3, kind
+    transfer = payload["transfer"]
+    assert len(transfer["ratios"]) == len(settings["transfer_seeds"])
+    for name in settings["real_sets"]:
+        real = payload["real"][name]
+        assert set(real["runs"]) == {"lr", *settings["real_models"]}
+        assert set(real["checks"]) == {"default_over_lr", "default_over_igp", "met"}
+        assert all(run["rmse"] > 0 for runs in real["runs"].values() for run in runs)
 
     for run in (run for runs in payload["digits"]["runs"].values() for run in runs):
         assert set(run["accuracy"]) == {"clean", "random background", "image background", "all"}
