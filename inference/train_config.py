@@ -20,7 +20,9 @@ class TrainConfig:
     ``steps`` is the maximum number of optimiser steps; ``tol``/``window`` the convergence test
     (None: run all steps); ``natural_gradient_lr`` the step size γ of a natural-gradient step on
     every q(u) before each optimiser step (None: q(u) is optimised with the other parameters);
-    ``time_budget`` a limit in seconds.
+    ``hooks_in_closure``: with torch's L-BFGS, run the hooks before every evaluation of the loss
+    instead (a unit natural-gradient step on a conjugate q(u) then makes L-BFGS minimise the
+    collapsed bound of the other parameters); ``time_budget`` a limit in seconds.
     """
 
     optimizer: str = "adam"
@@ -34,6 +36,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     resume: bool = False
     natural_gradient_lr: float | None = None
+    hooks_in_closure: bool = False
     time_budget: float | None = None
 
     def __post_init__(self):
@@ -66,6 +69,13 @@ EXPERTS_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=10, window=1, tol=
 #: by its solve hook), stopping when the bound changes by less than 1e-6 (relative) over 50
 #: steps, at most 1000 steps.
 DISTRIBUTED_KERNEL_CONFIG = TrainConfig(steps=1000, lr=0.05, window=50, tol=1e-6)
-#: Multitask deep GPs: Adam (lr 0.05, at most 1000 steps, tolerance 1e-6 over 50 steps), the
-#: paper's optimiser; the single-layer baselines add unit natural-gradient steps on q(u).
-MULTITASK_CONFIG = TrainConfig()
+#: Multitask models with a deterministic objective (single-layer iGP, cGP): L-BFGS (lr 1, strong
+#: Wolfe), at most 500 steps of 20 iterations, converged when the ELBO changes by < 1e-9
+#: (relative) over 2 steps.
+MULTITASK_SHALLOW_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, tol=1e-9, window=2)
+#: Multitask deep GPs: Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of
+#: 100 steps changes by < 1e-5 (relative) beyond twice its standard error.
+MULTITASK_DEEP_CONFIG = TrainConfig(lr=0.01, steps=20000, tol=1e-5, window=100)
+#: The most inducing inputs per process a multitask model takes by default (fewer when the
+#: largest task has fewer rows).
+MULTITASK_MAX_DEFAULT_INDUCING = 100

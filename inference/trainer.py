@@ -175,8 +175,12 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     def loss_fn():
         return elbo.differentiable_loss(module.model, module.guide, *args, **kwargs)
 
+    in_closure = config.hooks_in_closure and config.optimizer == "lbfgs"
+
     def closure():
         optimizer.zero_grad()
+        for hook in hooks if in_closure else ():
+            hook(loss_fn)
         loss = loss_fn()
         if params:
             loss.backward(inputs=params)
@@ -196,7 +200,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
         with deferred_checks():
             while step < config.steps:
                 try:
-                    for hook in hooks:
+                    for hook in () if in_closure else hooks:
                         hook(loss_fn)
                     if isinstance(optimizer, BatchedLBFGS):
                         loss = optimizer.step()

@@ -128,3 +128,12 @@ def test_every_public_name_imports(package):
                                f"exec('from {package} import *')"],
         capture_output=True, text=True).returncode
     assert exit_code == 0
+
+
+def test_the_multitask_help_quotes_the_models_default_inducing_budget():
+    """The help text's copy (no torch at startup) of the model's rule."""
+    from pyrogp_models.inference.train_config import MULTITASK_MAX_DEFAULT_INDUCING
+
+    from pyrogp_models.models.multitask.options import MAX_DEFAULT_INDUCING
+
+    assert MULTITASK_MAX_DEFAULT_INDUCING == MAX_DEFAULT_INDUCING

@@ -17,9 +17,10 @@ from pyrogp_models.inference.trainer import TrainConfig
 from helpers import resigned, run_failing, run_ok, write_csv
 from pyrogp_models.data import load_table
 from pyrogp_models.errors import ModuleFileError
-from pyrogp_models.models.multitask import MultitaskOptions, toy_tasks
+from pyrogp_models.models.multitask import toy_tasks
 from pyrogp_models.models.multitask.families import SUMMARIES
 from pyrogp_models.models.multitask.files import load_multitask, save_multitask
+from pyrogp_models.models.multitask.options import MAX_DEFAULT_INDUCING
 from pyrogp_models.modules.files import load_module
 from pyrogp_models.modules.signed import file_format
 
@@ -102,6 +103,12 @@ def test_fit_info_predict_evaluate_beat_a_constant_per_task(capsys, folder, fitt
     counts = [int((train.column("task") == t).sum()) for t in range(2)]
     assert re.search(rf"^0\s+{counts[0]}\s", info, re.M) and re.search(rf"^1\s+{counts[1]}\s",
                                                                        info, re.M)
+    summary = json.loads(run_ok(capsys, "info", fitted, "--json"))
+    phases = summary["phases"]
+    assert [phase["model"] for phase in phases] == ["igp", "smdgp"]
+    assert summary["elbo"] >= phases[0]["elbo"] - 1e-3          # never below the iGP it holds
+    assert summary["steps"] == sum(phase["steps"] for phase in phases)
+    assert f"fit: final ELBO {summary['elbo']:.6g}" in info
 
     run_ok(capsys, "predict", fitted, "--data", held_out_csv, "--out", folder / "pred.csv")
     predictions = load_table(folder / "pred.csv")
@@ -165,7 +172,8 @@ def test_help_names_every_model_and_the_default_size(capsys):
     for kind in SUMMARIES:
         assert re.search(rf"\b{kind}\b", text), kind
     assert "(default: smdgp)" in text
-    assert f"num_inducing, {MultitaskOptions().num_inducing})" in text
+    assert (f"(default: the rows of the largest task, all of them up to "
+            f"{MAX_DEFAULT_INDUCING})") in text
     assert "fit-multitask" in run_ok(capsys, "--help")
     (action,) = [a for a in documented_parser()._actions
                  if isinstance(a, argparse._SubParsersAction)]

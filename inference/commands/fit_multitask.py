@@ -4,7 +4,9 @@ one file (:mod:`pyrogp_models.models.multitask.files`).
 The table is in long form (a task column and one target) or wide form (one target per task,
 NaN cells unobserved): :mod:`pyrogp_models.inference.commands.multitask_inputs`. The fit itself is
 :func:`pyrogp_models.inference.multitask_fit.fit_multitask_dgp` (Boustati et al.'s doubly-stochastic
-ELBO, eq. 9, trained by Adam).
+ELBO, eq. 9: L-BFGS for the single-layer models; a deep model starts from the fitted shallow
+model it contains, trains by Adam and keeps the better ELBO). The file records the final ELBO and
+every phase of the fit (``pyrogp info`` shows them).
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from pyrogp_models.inference.commands.arguments import (
     add_float32,
     add_seed,
 )
-from pyrogp_models.inference.train_config import MULTITASK_CONFIG
+from pyrogp_models.inference.train_config import (
+    MULTITASK_DEEP_CONFIG,
+    MULTITASK_MAX_DEFAULT_INDUCING,
+    MULTITASK_SHALLOW_CONFIG,
+)
 
 NAME = "fit-multitask"
 HELP = "fit a multitask (deep) GP on several tasks and save it as one file"
@@ -30,6 +36,7 @@ LIKELIHOOD_NAMES = ("gaussian", "bernoulli", "categorical")
 WIDTH_OPTIONS = {"--shared": {"smdgp": "shared_width", "mmdgp": "shared_width",
                               "cmdgp": "inner_width"},
                  "--private": {"mmdgp": "private_width", "idgp": "private_width"}}
+
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,15 +67,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="width of every task's private latent process (mmdgp, idgp) "
                              "(default: as for --shared, the other half for mmdgp)")
     parser.add_argument("--inducing", type=int, metavar="M",
-                        help="inducing inputs per task (default: MultitaskOptions.num_inducing, "
-                             "20)")
-    parser.add_argument("--steps", type=int, default=MULTITASK_CONFIG.steps, metavar="N",
-                        help=f"maximum Adam steps; the fit stops earlier once converged "
-                             f"(default: {MULTITASK_CONFIG.steps}; igp and cgp add a unit "
-                             "natural-gradient step on q(u) before each)")
-    parser.add_argument("--lr", type=float, default=MULTITASK_CONFIG.lr, metavar="LR",
-                        help=f"Adam learning rate (default: {MULTITASK_CONFIG.lr:g})")
-    add_seed(parser, "the initialisation and training draws", MULTITASK_CONFIG.seed)
+                        help="inducing inputs of every process (each task's top GP, private "
+                             "and shared processes, each latent GP of cgp): the same budget in "
+                             "every model (default: the rows of the largest task, all of them "
+                             f"up to {MULTITASK_MAX_DEFAULT_INDUCING})")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help="maximum optimiser steps of the model; the fit stops earlier once "
+                             f"converged (default: {MULTITASK_SHALLOW_CONFIG.steps} L-BFGS steps "
+                             f"for igp and cgp, {MULTITASK_DEEP_CONFIG.steps} Adam steps for the "
+                             "deep models, which first fit the shallow model they contain — "
+                             "igp, cgp for cmdgp — start from it and keep the better ELBO)")
+    parser.add_argument("--lr", type=float, metavar="LR",
+                        help=f"learning rate (default: {MULTITASK_DEEP_CONFIG.lr:g} for Adam, "
+                             f"{MULTITASK_SHALLOW_CONFIG.lr:g} for L-BFGS)")
+    add_seed(parser, "the initialisation and training draws", MULTITASK_DEEP_CONFIG.seed)
     add_float32(parser)
     parser.add_argument("--out", required=True, type=Path, metavar="FILE",
                         help="the file to write (e.g. model.safetensors)")
@@ -85,7 +97,6 @@ def epilog() -> str:
 
 def run(args: argparse.Namespace) -> int:
     import sys
-    import time
     from dataclasses import replace
 
     import numpy as np
@@ -123,31 +134,25 @@ def run(args: argparse.Namespace) -> int:
     _check_labels(args.likelihood, options["likelihood_options"], rows, columns)
     spec = MultitaskSpec(model=args.model, likelihood=args.likelihood,
                          dtype=torch.float32 if args.float32 else torch.float64, **options)
-    config = replace(default_config(spec), steps=args.steps, lr=args.lr, seed=args.seed,
+    config = default_config(spec)
+    config = replace(config, steps=config.steps if args.steps is None else args.steps,
+                     lr=config.lr if args.lr is None else args.lr, seed=args.seed,
                      progress=sys.stderr.isatty())
-    start = time.perf_counter()
     with one_line_warnings("raise --steps"):
         fit = fit_multitask_dgp((rows.X, rows.task, rows.y), spec, config)
-    seconds = time.perf_counter() - start
-    elbo = final_elbo(fit.result, config.window)
-    fit.predictor.info = {**columns.to_info(), "num_data": counts, "elbo": elbo,
-                          "steps": fit.result.steps, "converged": fit.result.converged}
+    fit.predictor.info = {**columns.to_info(), "num_data": counts, **fit.summary()}
     path = save_multitask(fit.predictor, args.out)
     print(format_table(["task", "N"], list(zip(columns.tasks, counts, strict=True))))
-    status = "converged" if fit.result.converged else "not converged"
-    print(f"\n{args.model}, {len(columns.tasks)} tasks: ELBO {elbo:.6g} (mean of the last "
-          f"{min(config.window, fit.result.steps)} steps), {fit.result.steps} steps, {status}, "
-          f"{seconds:.1f} s; written to {path}")
+    print("\n" + format_table(["phase", "steps", "seconds", "converged", "ELBO"],
+                              [(phase.model, phase.steps, f"{phase.seconds:.1f}",
+                                "yes" if phase.converged else "no", f"{phase.elbo:.6g}")
+                               for phase in fit.phases]))
+    kept = "" if fit.kept == args.model else f" (kept at the {fit.kept} it contains)"
+    print(f"\n{args.model}, {len(columns.tasks)} tasks, M = {fit.spec.num_inducing}: ELBO "
+          f"{fit.elbo:.6g}{kept}, {fit.steps} steps, "
+          f"{'converged' if fit.converged else 'not converged'}, {fit.seconds:.1f} s; "
+          f"written to {path}")
     return 0
-
-
-def final_elbo(result, window: int) -> float:
-    """The ELBO at the end of training (``result``: a
-    :class:`~pyrogp_models.inference.trainer.TrainResult`): minus the mean loss of the last
-    ``window`` steps (one step's doubly-stochastic estimate is noisy)."""
-    import numpy as np
-
-    return -float(np.mean(result.losses[-window:]))
 
 
 def _model_options(args: argparse.Namespace) -> dict:

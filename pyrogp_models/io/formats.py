@@ -26,7 +26,8 @@ from pyrogp_models.models.distributed_kernel.files import (
     load_distributed_kernel,
     save_distributed_kernel,
 )
-from pyrogp_models.models.multitask.files import describe_multitask, load_multitask, save_multitask
+from pyrogp_models.models.multitask.description import describe_multitask
+from pyrogp_models.models.multitask.files import load_multitask, save_multitask
 from pyrogp_models.modules.files import resolve_path, save_module, save_modules
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.signed import FORMAT_NAMES, file_format

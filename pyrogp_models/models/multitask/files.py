@@ -22,11 +22,9 @@ import torch
 
 from pyrogp_models.errors import CholeskyError
 from pyrogp_models.layers import variational_layers
-from pyrogp_models.models.multitask.families import MODELS, SUMMARIES
-from pyrogp_models.models.multitask.outputs import CoregionalisedGP
+from pyrogp_models.models.multitask.families import MODELS
 from pyrogp_models.models.multitask.prediction import MultitaskPredictor
 from pyrogp_models.modules.signed import Fail, SignedFormat
-from pyrogp_models.text import format_number, format_table
 
 #: One fitted multitask GP per file.
 MULTITASK_FILE = SignedFormat("pyrogp-multitask", 1)
@@ -112,51 +110,3 @@ def _check_standardisation(record: dict[str, Any], num_tasks: int, input_dim: in
             raise fail(f"standardisation {key} is not {size} finite numbers")
     if (values["x_scale"] <= 0).any() or (values["task_y_scale"] <= 0).any():
         raise fail("standardisation scales must be positive")
-
-
-# Describing -------------------------------------------------------------------------------------
-def describe_multitask(predictor: MultitaskPredictor) -> str:
-    """The kind, tasks, layer sizes, per-task likelihood parameters and top-layer ARD weights
-    ω = 1/ℓ² (Boustati et al. eq. 10) of a multitask model, and its fit."""
-    model, info = predictor.model, predictor.info
-    tasks = info.get("tasks") or [str(t) for t in range(model.num_tasks)]
-    likelihood = model.likelihood
-    options = ", ".join(f"{key}={value}" for key, value in likelihood.options().items())
-    features = info.get("features") or [f"x{d}" for d in range(model.input_dim)]
-    lines = [f"multitask model: {model.kind} ({SUMMARIES[model.kind]})",
-             f"{model.num_tasks} tasks, {model.input_dim} input{'s' * (model.input_dim > 1)} "
-             f"({', '.join(features)}); "
-             f"likelihood {likelihood.name}" + (f" ({options})" if options else ""),
-             f"M = {model.options.num_inducing} inducing inputs per task; q(u) shapes: "
-             + ", ".join(f"{name} {list(layer.q_mean.shape)}"
-                         for name, layer in model.variational_sites())]
-    weights = model.ard_weights().detach()
-    per_task = not isinstance(model.top, CoregionalisedGP)
-    parameters = {key: value.detach() for key, value in likelihood.parameter_values().items()}
-    counts = info.get("num_data")
-    rows = [(name, counts[t] if counts else "-",
-             *(format_number(float(value[t]), 4) for value in parameters.values()),
-             *([_weights(weights[t])] if per_task else []))
-            for t, name in enumerate(tasks)]
-    lines += ["", format_table(["task", "N", *parameters, *(["ARD weights"] if per_task else [])],
-                               rows), ""]
-    if not per_task:
-        lines.append("ARD weights of the shared top-layer kernel(s): "
-                     + " | ".join(_weights(row) for row in weights))
-    if model.is_deep:
-        lines.append(f"ARD weights are over the {weights.shape[-1]} columns of the latent space "
-                     f"λ, the first {model.latent.shared_width} from shared processes")
-    if "elbo" in info:
-        status = "converged" if info.get("converged") else "not converged"
-        lines.append(f"fit: ELBO {info['elbo']:.6g}, {info.get('steps')} steps, {status}")
-    if "targets" in info:
-        lines.append(f"table: task column '{info['task_column']}', target '{info['targets'][0]}'"
-                     if info.get("task_column") else "table: one target column per task")
-    if model.is_deep:
-        lines.append(f"predictions: a mixture of S = {predictor.num_samples} draws of λ")
-    lines.append("kernel hyperparameters and Gaussian noise refer to the standardised data")
-    return "\n".join(lines)
-
-
-def _weights(row: torch.Tensor) -> str:
-    return ", ".join(format_number(value, 3) for value in row.tolist())
