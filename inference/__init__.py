@@ -5,30 +5,43 @@ Every fit function takes data (or modules), a spec and a :class:`TrainConfig` an
 
     from pyrogp_models.inference import (fit_local, recycle, fit_exact_experts,
                                          fit_distributed_kernel, fit_multitask_dgp)
+
+Each name is imported from its module when first used, so the command line (a submodule) starts
+without importing torch.
 """
 
-from pyrogp_models.inference.distributed_kernel_fit import (
-    DistributedKernelFit,
-    DistributedKernelSpec,
-    fit_distributed_kernel,
-)
-from pyrogp_models.inference.experts_fit import ExactFit, ExpertsSpec, fit_exact_experts
-from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.local_fit import LocalFit, LocalFitSpec, PartitionedData, fit_local
-from pyrogp_models.inference.multitask_fit import MultitaskFit, MultitaskSpec, fit_multitask_dgp
-from pyrogp_models.inference.recycling import (
-    RawData,
-    Recycled,
-    RecycleSpec,
-    recycle,
-    recycle_multioutput,
-)
-from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
+from __future__ import annotations
 
-__all__ = [
-    "DistributedKernelFit", "DistributedKernelSpec", "ExactFit", "ExpertsSpec", "Fit",
-    "LocalFit", "LocalFitSpec", "MultitaskFit", "MultitaskSpec", "PartitionedData", "RawData",
-    "RecycleSpec", "Recycled",
-    "TrainConfig", "TrainResult", "fit_distributed_kernel", "fit_exact_experts", "fit_local",
-    "fit_multitask_dgp", "recycle", "recycle_multioutput", "train",
-]
+import importlib
+
+#: Where each public name is defined.
+_EXPORTS = {
+    **dict.fromkeys(["DistributedKernelFit", "DistributedKernelSpec", "fit_distributed_kernel"],
+                    "pyrogp_models.inference.distributed_kernel_fit"),
+    **dict.fromkeys(["ExactFit", "ExpertsSpec", "fit_exact_experts"],
+                    "pyrogp_models.inference.experts_fit"),
+    "Fit": "pyrogp_models.inference.fit_result",
+    **dict.fromkeys(["LocalFit", "LocalFitSpec", "PartitionedData", "fit_local"],
+                    "pyrogp_models.inference.local_fit"),
+    **dict.fromkeys(["MultitaskFit", "MultitaskSpec", "fit_multitask_dgp"],
+                    "pyrogp_models.inference.multitask_fit"),
+    **dict.fromkeys(["RawData", "Recycled", "RecycleSpec", "recycle", "recycle_multioutput"],
+                    "pyrogp_models.inference.recycling"),
+    "TrainConfig": "pyrogp_models.inference.train_config",
+    **dict.fromkeys(["TrainResult", "train"], "pyrogp_models.inference.trainer"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """A public name (:data:`__all__`), imported from its module on first use."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pyrogp_models.inference' has no attribute '{name}'")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

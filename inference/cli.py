@@ -1,10 +1,12 @@
 """The ``pyrogp`` command line: a thin argparse front end over the command modules.
 
 Each command module exposes ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``;
-a new command is one more entry in :data:`COMMANDS`. Errors caused by the input (bad data, broken
-module files, missing files) print one line, ``pyrogp: error: <message>``, and exit with code 2;
-``--debug`` shows the traceback instead. ``--threads N`` sets torch's intra-op thread count
-before the command runs (on a small, shared machine one or two threads are often fastest).
+a new command is one more entry in :data:`COMMANDS`. Building the parser imports no heavy
+library (a command imports torch and the models inside its ``run``), so ``pyrogp --help``,
+``--version`` and ``pyrogp COMMAND --help`` answer at once. Errors caused by the input (bad data,
+broken module files, missing files) print one line, ``pyrogp: error: <message>``, and exit with
+code 2; ``--debug`` shows the traceback instead. ``--threads N`` sets torch's intra-op thread
+count before the command runs (on a small, shared machine one or two threads are often fastest).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-import torch
+from pyrogp_models.inference.commands.arguments import HelpFormatter
 
+from pyrogp_models import __version__
 from pyrogp_models.errors import PyrogpError
 
 #: The command modules, in the order ``pyrogp --help`` lists them.
@@ -43,17 +46,18 @@ _MAX_MESSAGE = 400
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``pyrogp`` parser: global options and one subparser per module of :data:`COMMANDS`
-    (the documentation's command-line page is generated from it)."""
+    """The ``pyrogp`` parser: global options and one subparser per module of :data:`COMMANDS`."""
     parser = argparse.ArgumentParser(
         prog="pyrogp", description="Gaussian processes fitted on partitions of data.")
+    parser.add_argument("--version", action="version", version=f"pyrogp {__version__}")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     parser.add_argument("--threads", metavar="N", type=_positive_int, help=_THREADS_HELP)
     subparsers = parser.add_subparsers(metavar="COMMAND", required=True)
     for module_name in COMMANDS:
         command = importlib.import_module(module_name)
         subparser = subparsers.add_parser(command.NAME, help=command.HELP,
-                                          description=command.HELP)
+                                          description=command.HELP,
+                                          formatter_class=HelpFormatter)
         # SUPPRESS keeps a global --debug or --threads from being reset by the subcommand's
         # default; both may also be given after the command name.
         subparser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -65,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def documented_parser() -> argparse.ArgumentParser:
+    """:func:`build_parser` with the text of a command's ``epilog()`` (drawn from the library,
+    so left out of the terminal's help) below its options: the documentation's command-line
+    page is generated from it."""
+    parser = build_parser()
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for module_name in COMMANDS:
+        command = importlib.import_module(module_name)
+        if hasattr(command, "epilog"):
+            action.choices[command.NAME].epilog = command.epilog()
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code."""
     parser = build_parser()
@@ -72,11 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_request:  # argparse has printed usage or help
         return int(exit_request.code or 0)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    elif "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)
     try:
+        _set_threads(args.threads)
         return args.run(args)
     except USER_ERRORS as error:
         if args.debug:
@@ -86,6 +100,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pyrogp: interrupted", file=sys.stderr)
         return 130
+
+
+def _set_threads(threads: int | None) -> None:
+    """torch's intra-op threads: ``threads``, else 1 unless OMP_NUM_THREADS is set."""
+    if threads is None and "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    torch.set_num_threads(threads or 1)
 
 
 def _positive_int(text: str) -> int:

@@ -26,23 +26,24 @@ from pyrogp_models.inference.commands.common import one_line_warnings, write_mod
 from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
 from pyrogp_models.inference.metrics import regression_report
 from pyrogp_models.inference.recycling import RecycleSpec, recycle
-from pyrogp_models.inference.tables import format_table
 from pyrogp_models.inference.trainer import TrainConfig
 
 from pyrogp_models.data import load_sunspots
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import partition_contiguous, partition_random
 from pyrogp_models.models.experts import ExpertCombination, ModuleExperts
 from pyrogp_models.modules.files import save_module
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.routing import RoutedModules
+from pyrogp_models.text import format_table
 
 OUTPUT = Path("demo_output")
 SEED = 0
 TEST_FRACTION = 0.2
 VALIDATION_FRACTION = 0.15
 KERNEL = "matern32"
-INFO = {"features": ["year"], "target": "log1p_sunspots"}
+COLUMNS = Columns(["year"], "log1p_sunspots")
 RULE_NAMES = {"poe": "PoE", "bcm": "BCM", "gpoe": "gPoE", "rbcm": "rBCM",
               "barycenter": "W2 barycenter"}
 
@@ -160,7 +161,7 @@ def main(fast: bool = False, output: Path = OUTPUT) -> dict[str, dict[str, float
     """Run the pipeline (``fast``: tiny settings); returns the test metrics by model."""
     torch.set_num_threads(1)  # small batched problems: threads only add contention
     settings = FAST if fast else Settings()
-    local_spec = LocalFitSpec(settings.local_inducing, kernel=KERNEL, info=INFO)
+    local_spec = LocalFitSpec(settings.local_inducing, kernel=KERNEL, columns=COLUMNS)
     meta_spec = RecycleSpec(settings.global_inducing)
     full_spec = LocalFitSpec(settings.global_inducing, kernel=KERNEL)
     X, y = sunspot_series(settings.stride)
@@ -178,7 +179,6 @@ def main(fast: bool = False, output: Path = OUTPUT) -> dict[str, dict[str, float
 
     start = time.perf_counter()
     meta = recycle(modules, meta_spec, capped(recycling.COLLAPSED_CONFIG, settings.steps)).module
-    meta = replace(meta, info={**meta.info, **INFO})
     save_module(meta, output / "meta.safetensors")
     timings["meta"] = time.perf_counter() - start
 

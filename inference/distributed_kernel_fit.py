@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
+from pyrogp_models.inference.train_config import DISTRIBUTED_KERNEL_CONFIG, TrainConfig
+from pyrogp_models.inference.trainer import TrainResult, train
 
 from pyrogp_models.data import Standardisation, require_finite
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.likelihoods import LIKELIHOODS
@@ -53,10 +55,9 @@ HOOK_ITERATIONS = 15
 #: Relative CG residual ‖b − Hm‖/‖b‖ at which a solve stops (the hook freezes, the final solve
 #: returns).
 SOLVE_TOL = 1e-7
-#: The training defaults: Adam at learning rate 0.05 on the kernel, Z and the likelihood (q(v)
-#: by its solve hook), stopping when the bound changes by less than 1e-6 (relative) over 50
-#: steps, at most 1000 steps (a warning says when the limit stops it first).
-DEFAULT_TRAIN_CONFIG = TrainConfig(steps=1000, lr=0.05, window=50, tol=1e-6)
+#: The training defaults (a warning says when the step limit stops a fit first):
+#: :data:`~pyrogp_models.inference.train_config.DISTRIBUTED_KERNEL_CONFIG`.
+DEFAULT_TRAIN_CONFIG = DISTRIBUTED_KERNEL_CONFIG
 
 
 @dataclass
@@ -70,8 +71,8 @@ class DistributedKernelSpec:
     (default: the module docstring's heuristic, or 1 with given regions). ``likelihood_options``
     are options or initial parameter values (e.g. the Gaussian ``variance``, standardised).
     ``method`` is ``"solve"`` or ``"svi"`` (default: solve for a Gaussian likelihood with
-    mean-field q and full batches, else svi). ``info`` (``features``, ``target``) labels the
-    predictor.
+    mean-field q and full batches, else svi). ``columns`` (the data's feature and target names,
+    units) and ``info`` label the predictor.
     """
 
     num_regions: int
@@ -88,6 +89,7 @@ class DistributedKernelSpec:
     learn_inducing: bool = True
     regions: Regions | None = None
     lengthscale: float | torch.Tensor | None = None
+    columns: Columns = field(default_factory=Columns)
     info: dict | None = None
     dtype: torch.dtype = torch.float64
     device: str | torch.device = "cpu"
@@ -164,7 +166,8 @@ def fit_distributed_kernel(data, spec: DistributedKernelSpec,
     result = train_distributed_kernel(model, spec.method, config)
     with torch.no_grad():
         elbo = float(model.elbo())
-    predictor = DistributedKernelPredictor(model, standardisation, len(y), elbo, spec.info)
+    predictor = DistributedKernelPredictor(model, standardisation, len(y), elbo, spec.info,
+                                           spec.columns)
     return DistributedKernelFit(model, result, predictor, standardisation)
 
 
@@ -235,7 +238,7 @@ def cut_dimension(X: torch.Tensor, spec: DistributedKernelSpec) -> int:
         raise DataError(f"dim {spec.dim} is not an input dimension (0 to {input_dim - 1})")
     dim = split_dimension(X, X.new_ones(1)) if spec.dim is None else spec.dim
     if spec.num_regions > 1 and bool(X[:, dim].min() == X[:, dim].max()):
-        features = (spec.info or {}).get("features")
+        features = spec.columns.features
         name = f"column '{features[dim]}'" if features else f"input {dim}"
         raise DataError(f"{name} is constant and cannot be cut into regions")
     return dim

@@ -9,13 +9,15 @@ default; :class:`~pyrogp_models.models.experts.predictor.ExpertCombination`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from pyrogp_models.inference.fit_result import Fit
 from pyrogp_models.inference.local_fit import LocalFitSpec, PartitionedData, model_inputs
-from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
+from pyrogp_models.inference.train_config import EXPERTS_CONFIG, TrainConfig
+from pyrogp_models.inference.trainer import TrainResult, train
 
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.kernels import resolve_kernel
 from pyrogp_models.models.experts.exact import ExactExperts
 from pyrogp_models.models.experts.predictor import ExpertCombination
@@ -24,17 +26,16 @@ from pyrogp_models.modules.units import kernel_in_model_units
 
 __all__ = ["DEFAULT_TRAIN_CONFIG", "ExactFit", "ExpertsSpec", "fit_exact_experts"]
 
-#: L-BFGS on the summed log marginal likelihood, at most 10 × 20 iterations (the authors' code
-#: runs SciPy L-BFGS-B for 200 iterations); stops when a step no longer changes the loss.
-DEFAULT_TRAIN_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=10, window=1, tol=1e-9)
+#: The default training (:data:`~pyrogp_models.inference.train_config.EXPERTS_CONFIG`).
+DEFAULT_TRAIN_CONFIG = EXPERTS_CONFIG
 
 
 @dataclass
 class ExpertsSpec:
     """The shared kernel (a name or expression, or a kernel whose given values are in data
     units; ARD for a name), initial lengthscales, variances and noise in standardised units for
-    what the kernel does not give, the rule and weighting of the result's predictor, and
-    names/info of the exported modules."""
+    what the kernel does not give, the rule and weighting of the result's predictor, and the
+    data columns (feature and target names, units), names and info of the exported modules."""
 
     kernel: str | torch.nn.Module = "rbf"
     ard: bool = False
@@ -45,6 +46,7 @@ class ExpertsSpec:
     weights: str | None = None
     temperature: float | None = None
     names: Sequence[str] | None = None
+    columns: Columns = field(default_factory=Columns)
     info: dict | None = None
     dtype: torch.dtype = torch.float64
     device: str | torch.device = "cpu"
@@ -77,5 +79,6 @@ def fit_exact_experts(data: PartitionedData | tuple, spec: ExpertsSpec | None = 
     modules = model.to_modules(standardisation, spec.names,
                                info={"partition_rule": partition.rule.get("kind"),
                                      **(spec.info or {})})
+    modules = {name: replace(module, columns=spec.columns) for name, module in modules.items()}
     predictor = ExpertCombination(modules, spec.rule, spec.weights, spec.temperature)
     return ExactFit(model, result, predictor, standardisation, modules)

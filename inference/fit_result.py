@@ -2,8 +2,8 @@
 
 ``fit_local``, ``recycle``, ``fit_exact_experts`` and ``fit_distributed_kernel`` (and the
 multitask fit) take data (or modules), a spec and a
-:class:`~pyrogp_models.inference.trainer.TrainConfig`, and return a :class:`Fit`: the trained Pyro
-model with its data bound, so that
+:class:`~pyrogp_models.inference.train_config.TrainConfig`, and return a :class:`Fit`: the
+trained Pyro model with its data bound, so that
 
     pyro.infer.SVI(fit.model.model, fit.model.guide, pyro.optim.Adam({"lr": 0.01}),
                    pyro.infer.TraceMeanField_ELBO()).step()

@@ -2,9 +2,10 @@
 
 ``fit_local((X, y, partition), spec, config)`` standardises the data, builds every partition's
 SVGP as one batched :class:`~pyrogp_models.models.local.local_gps.LocalGPs`, trains it with the
-library's trainer and exports one module per partition. The result's ``predictor`` routes new
-points to the module of their partition (:class:`~pyrogp_models.modules.routing.RoutedModules`);
-modules of a random partition, which have no region, are combined by rBCM instead
+library's trainer and exports one module per partition. The result's ``predictor`` (built when
+first asked for) routes new points to the module of their partition
+(:class:`~pyrogp_models.modules.routing.RoutedModules`); modules of a random partition, which
+have no region, are combined by rBCM instead
 (:class:`~pyrogp_models.models.experts.predictor.ExpertCombination`).
 """
 
@@ -17,9 +18,16 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
+from pyrogp_models.inference.train_config import (
+    COLLAPSED_CONFIG,
+    MINIBATCH_NATURAL_GRADIENT,
+    UNCOLLAPSED_CONFIG,
+    TrainConfig,
+)
+from pyrogp_models.inference.trainer import TrainResult, train
 
 from pyrogp_models.data import Standardisation, require_finite
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.kernels import resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS
@@ -32,16 +40,6 @@ from pyrogp_models.modules.units import kernel_in_model_units
 
 #: The product-of-experts rule that combines modules of a random partition.
 RANDOM_PARTITION_RULE = "rbcm"
-#: Gaussian likelihoods: the collapsed bound, fitted by L-BFGS with one memory and one step
-#: length per partition (:mod:`pyrogp_models.inference.batched_lbfgs`); it stops when every
-#: partition's bound changes by less than 1e-6 (relative) over 10 iterations.
-COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, window=10, tol=1e-6)
-#: Other likelihoods (and the uncollapsed bound): a safeguarded unit natural-gradient step on
-#: every q(u) before each Adam step on the other parameters.
-UNCOLLAPSED_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=50, tol=1e-6,
-                                 natural_gradient_lr=1.0)
-#: The natural-gradient step size with minibatches (a unit step would follow one batch's noise).
-MINIBATCH_NATURAL_GRADIENT = 0.2
 
 
 class PartitionedData(NamedTuple):
@@ -55,7 +53,8 @@ class PartitionedData(NamedTuple):
 @dataclass
 class LocalFitSpec:
     """What to fit in every partition (see :class:`~pyrogp_models.models.local.local_gps.
-    LocalGPs`); ``names`` and ``info`` label the exported modules. A fit split over workers
+    LocalGPs`); ``columns`` (the data's feature and target names, units), ``names`` and ``info``
+    label the exported modules. A fit split over workers
     passes the ``standardisation`` and the initial ``inducing`` inputs (model units, one
     [M_k, D] per partition) computed from all the data.
 
@@ -82,6 +81,7 @@ class LocalFitSpec:
     dtype: torch.dtype = torch.float64
     device: str | torch.device = "cpu"
     names: Sequence[str] | None = None
+    columns: Columns = field(default_factory=Columns)
     info: dict | None = None
     standardisation: Standardisation | None = None
     inducing: Sequence[torch.Tensor] | None = None
@@ -90,10 +90,19 @@ class LocalFitSpec:
 @dataclass
 class LocalFit(Fit):
     """The fitted modules (in partition order) and the partition, besides :class:`Fit`'s
-    trained :class:`LocalGPs` (``model``), training record and predictor."""
+    trained :class:`LocalGPs` (``model``), training record and standardisation; the predictor
+    is built when first asked for (:func:`local_predictor`)."""
 
-    modules: dict[str, Module]
-    partition: Partition
+    predictor: Predictor = field(init=False, repr=False, compare=False)
+    modules: dict[str, Module] = field(kw_only=True)
+    partition: Partition = field(kw_only=True)
+
+    def __getattr__(self, name: str):
+        """Only attributes not yet set come here: the predictor, built when first read."""
+        if name != "predictor":
+            raise AttributeError(f"'LocalFit' object has no attribute '{name}'")
+        self.predictor = local_predictor(self.modules, self.partition)
+        return self.predictor
 
 
 def fit_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
@@ -110,8 +119,8 @@ def fit_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
     """
     model, result, modules, standardisation = train_local(data, spec, config)
     partition = data[2]
-    return LocalFit(model, result, local_predictor(modules, partition), standardisation,
-                    modules, partition)
+    return LocalFit(model, result, standardisation=standardisation, modules=modules,
+                    partition=partition)
 
 
 def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
@@ -138,6 +147,7 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
                                      **(spec.info or {})})
     for k, module in enumerate(modules.values()):
         module.info["converged"] = bool(converged[k]) if converged else result.converged
+    modules = {name: replace(module, columns=spec.columns) for name, module in modules.items()}
     return model, result, modules, standardisation
 
 
@@ -150,8 +160,9 @@ def collapsed_bound(spec: LocalFitSpec) -> bool:
 
 
 def default_config(spec: LocalFitSpec) -> TrainConfig:
-    """:data:`COLLAPSED_CONFIG` for the collapsed bound, else :data:`UNCOLLAPSED_CONFIG` (with
-    minibatches a natural-gradient step of :data:`MINIBATCH_NATURAL_GRADIENT`)."""
+    """The collapsed bound's configuration, else the uncollapsed one (with minibatches a
+    natural-gradient step of ``MINIBATCH_NATURAL_GRADIENT``), from
+    :mod:`pyrogp_models.inference.train_config`."""
     if collapsed_bound(spec):
         return COLLAPSED_CONFIG
     if spec.batch_size is not None:

@@ -2,25 +2,42 @@
 
 The data — a list of per-task pairs [(X^t, y^t)], a long-format triple (X, task, y) or a
 :class:`~pyrogp_models.models.multitask.TaskData` — are standardised (inputs over all tasks,
-Gaussian targets per task), the model named by ``spec.model`` is initialised from them
-(k-means inducing inputs per task, fixed linear inner means) and trained with the library's
-trainer (:func:`pyrogp_models.inference.trainer.train`). By default (:func:`default_config`) the
-deep models train by Adam, the paper's optimiser, judged converged when the change of their
-estimated ELBO is within its Monte Carlo noise; the single-layer baselines iGP and cGP add unit
-natural-gradient steps on q(u) (exact for a Gaussian iGP, safeguarded otherwise). The predictor
-works in data units and takes the task of every point as ``labels``.
+Gaussian targets per task), the model named by ``spec.model`` is initialised from them (k-means
+inducing inputs, M per process from the tasks' rows, fixed linear inner means) and trained with
+the library's trainer (:func:`pyrogp_models.inference.trainer.train`):
+
+- a single-layer model (iGP, cGP) whose ELBO is deterministic (full batch, closed-form or
+  quadrature expectations) by L-BFGS until its ELBO stops changing; with a Monte Carlo objective
+  by Adam with natural-gradient steps on q(u);
+- a deep model (sMDGP, mMDGP, iDGP, cMDGP) first fits the shallow model it contains (iGP; cGP for
+  cMDGP) that way, starts from it (:func:`~pyrogp_models.models.multitask.warm_start.embed_shallow`:
+  the same predictions, the inner layer at its prior) and trains by Adam — with
+  natural-gradient steps on the top layer's q(u) where the likelihood is Gaussian — until the
+  change of its estimated ELBO is within its Monte Carlo noise. Its ELBO is then estimated
+  precisely (:func:`estimate_elbo`, common random numbers) and compared with the embedded shallow
+  model's: the better state is kept, so a deep fit never ends below the shallow model it contains.
+
+The fit records every phase (model, steps, seconds, converged, ELBO) and the final ELBO. The
+predictor works in data units and takes the task of every point as ``labels``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.trainer import TrainConfig, train
+from pyrogp_models.inference.train_config import (
+    MULTITASK_DEEP_CONFIG,
+    MULTITASK_SHALLOW_CONFIG,
+    TrainConfig,
+)
+from pyrogp_models.inference.trainer import TrainResult, train
 
-from pyrogp_models.likelihoods import LIKELIHOODS
+from pyrogp_models.likelihoods import LIKELIHOODS, make_likelihood
 from pyrogp_models.models.multitask import (
+    MultitaskGP,
     MultitaskOptions,
     MultitaskPredictor,
     TaskData,
@@ -28,18 +45,26 @@ from pyrogp_models.models.multitask import (
     as_task_data,
     build_model,
 )
+from pyrogp_models.models.multitask.warm_start import CONTAINED, SWITCHED_OFF, embed_shallow
+
+#: Draws of the latent space per row for the precise ELBO of a deep model.
+ELBO_SAMPLES = 64
+#: Samples × rows × inducing points evaluated at once by :func:`estimate_elbo`.
+CHUNK_ELEMENTS = 2**22
 
 
 @dataclass
 class MultitaskSpec(MultitaskOptions):
     """What to fit: the model (``"smdgp"``, ``"mmdgp"``, ``"cmdgp"``, ``"idgp"``, ``"igp"`` or
-    ``"cgp"``), its architecture (:class:`MultitaskOptions`: likelihood, widths, M per task, S,
-    batch size and minibatch scheme, q_scale, …), how to initialise the inducing inputs
-    (``"kmeans"`` or ``"grid"``), the mixture components of the predictor and the tensors'
-    dtype and device."""
+    ``"cgp"``), its architecture (:class:`MultitaskOptions`: likelihood, widths, M, S, batch size
+    and minibatch scheme, q_scale, …), how to initialise the inducing inputs (``"kmeans"`` or
+    ``"grid"``), whether a deep model starts from the shallow model it contains and keeps the
+    better of the two (``warm_start``), the mixture components of the predictor and the
+    tensors' dtype and device."""
 
     model: str = "smdgp"
     inducing_init: str = "kmeans"
+    warm_start: bool = True
     predictive_samples: int = 200
     dtype: torch.dtype = torch.float64
     device: str | torch.device = "cpu"
@@ -51,30 +76,126 @@ class MultitaskSpec(MultitaskOptions):
 
 
 @dataclass
+class Phase:
+    """One training phase of a fit: the model kind trained, its optimiser steps, wall seconds,
+    whether it converged and its ELBO at the end (:func:`estimate_elbo`)."""
+
+    model: str
+    steps: int
+    seconds: float
+    converged: bool
+    elbo: float
+
+
+@dataclass
 class MultitaskFit(Fit):
     """:class:`Fit` (the trained model, its record, the predictor, the standardisation) with the
-    spec and the training data in model units."""
+    spec, the training data in model units, the final ELBO (:func:`estimate_elbo`), the phases
+    of the fit and which state was kept (``spec.model``, or the contained shallow model's kind
+    when the deep fit ended below it and the model holds that embedding)."""
 
     spec: MultitaskSpec
     data: TaskData
+    elbo: float = math.nan
+    phases: list[Phase] = field(default_factory=list)
+    kept: str = ""
+
+    @property
+    def seconds(self) -> float:
+        """Wall seconds of all phases."""
+        return sum(phase.seconds for phase in self.phases)
+
+    @property
+    def steps(self) -> int:
+        """Optimiser steps of all phases."""
+        return sum(phase.steps for phase in self.phases)
+
+    @property
+    def converged(self) -> bool:
+        """Whether every phase converged."""
+        return all(phase.converged for phase in self.phases)
+
+    def summary(self) -> dict:
+        """The final ELBO, kept state, total steps and seconds and every phase (JSON-able)."""
+        return {"elbo": self.elbo, "kept": self.kept, "steps": self.steps,
+                "seconds": self.seconds, "converged": self.converged,
+                "phases": [asdict(phase) for phase in self.phases]}
 
 
-#: Models without an inner layer: their q(u) takes natural-gradient steps by default.
-SINGLE_LAYER = ("igp", "cgp")
+def deterministic_objective(spec: MultitaskOptions, model: str) -> bool:
+    """Whether ``model``'s ELBO is computed exactly: no inner layer, full batch, a likelihood
+    with a closed-form or quadrature expectation."""
+    if model not in CONTAINED.values() or spec.batch_size is not None:
+        return False
+    return not make_likelihood(spec.likelihood, (), **spec.likelihood_options).stochastic
 
 
 def default_config(spec: MultitaskSpec) -> TrainConfig:
-    """Adam (lr 0.05, at most 1000 steps, tolerance 1e-6 over 50 steps); for iGP and cGP also a
-    unit natural-gradient step on q(u) before each Adam step."""
-    config = TrainConfig()
-    return replace(config, natural_gradient_lr=1.0) if spec.model in SINGLE_LAYER else config
+    """How ``spec.model`` trains by default (see the module docstring):
+
+    - deterministic single-layer objective: L-BFGS (lr 1, strong Wolfe), at most 500 steps of 20
+      iterations, converged when the ELBO changes by < 1e-9 relative over 2 steps; with a
+      Gaussian likelihood a unit natural-gradient step puts q(u) at its optimum before every
+      evaluation (iGP's q per task, cGP's joint q over its latent GPs), so L-BFGS minimises the
+      collapsed bound of the hyperparameters;
+    - otherwise Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of 100
+      steps changes by < 1e-5 relative beyond twice its standard error, with natural-gradient
+      steps on q(u) (γ = 1 for a single-layer model; 0.1 on a deep model's top layer where the
+      likelihood is Gaussian)."""
+    if deterministic_objective(spec, spec.model):
+        config = MULTITASK_SHALLOW_CONFIG
+        if spec.likelihood == "gaussian":
+            return replace(config, natural_gradient_lr=1.0, hooks_in_closure=True)
+        return config
+    config = MULTITASK_DEEP_CONFIG
+    if spec.model in CONTAINED.values():
+        return replace(config, natural_gradient_lr=1.0)
+    if spec.likelihood == "gaussian":
+        return replace(config, natural_gradient_lr=0.1)
+    return config
+
+
+@torch.no_grad()
+def estimate_elbo(model: MultitaskGP, num_samples: int = ELBO_SAMPLES, seed: int = 0) -> float:
+    """The ELBO (eq. 9) on all rows: exact for a deterministic single-layer model; otherwise
+    the mean of ``num_samples`` draws of the latent space per row (fixed by ``seed``: the same
+    draws for two states of one model are common random numbers) and, for a Monte Carlo
+    likelihood, of as many evaluations."""
+    generator = torch.Generator(device=model.data_X.device).manual_seed(seed)
+    batch = model.full_batch()
+    if not model.is_deep:
+        if not model.likelihood.stochastic:
+            return float(model.elbo(batch))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return float(torch.stack([model.elbo(batch) for _ in range(num_samples)]).mean())
+    per_sample = batch.rows.numel() * model.top.layer.num_inducing * model.num_latent
+    chunk = max(1, CHUNK_ELEMENTS // per_sample)
+    total = 0.0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, num_samples, chunk):
+            count = min(chunk, num_samples - start)
+            noise = model.draw_noise(count, batch.rows.shape, model.data_X, generator)
+            total = total + count * model.data_terms(batch, _per_row(noise, batch)).sum()
+    return float(total / num_samples - model.kl())
+
+
+def _per_row(noise: torch.Tensor, batch) -> torch.Tensor:
+    """Draws on the [T, P] layout → per data row [S, N, W] (what ``data_terms`` indexes)."""
+    rows = torch.zeros(noise.shape[0], int(batch.rows.max()) + 1, noise.shape[-1],
+                       dtype=noise.dtype, device=noise.device)
+    rows[:, batch.rows] = noise
+    return rows
 
 
 def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
                       config: TrainConfig | None = None) -> MultitaskFit:
     """Standardise, build ``spec.model`` and train it on the ELBO of Boustati et al. (eq. 9);
     ``data`` is a list of per-task pairs [(X^t [N^t, D], y^t [N^t])], a long-format triple
-    (X [N, D], task [N], y [N]) or a :class:`TaskData`. See the module docstring."""
+    (X [N, D], task [N], y [N]) or a :class:`TaskData`. ``config`` replaces the default training
+    of ``spec.model`` (:func:`default_config`); the contained shallow model of a warm start always
+    trains by its own default. See the module docstring."""
     spec = spec or MultitaskSpec()
     config = config or default_config(spec)
     if spec.likelihood not in LIKELIHOODS:
@@ -84,10 +205,39 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     standardisation = TaskStandardisation.from_data(
         tasks, LIKELIHOODS[spec.likelihood].standardise_targets)
     model_data = standardisation.transform(tasks)
-    generator = torch.Generator(device=spec.device)
-    generator.manual_seed(0 if config.seed is None else config.seed)
-    model = build_model(spec.model, model_data, spec.options(), spec.inducing_init, generator)
+    seed = 0 if config.seed is None else config.seed
+    options = spec.options().with_inducing_for(
+        torch.bincount(model_data.task, minlength=model_data.num_tasks).tolist())
+    spec = replace(spec, num_inducing=options.num_inducing)
+    model = build_model(spec.model, model_data, options, spec.inducing_init,
+                        torch.Generator(device=spec.device).manual_seed(seed))
+    phases, reference = [], None
+    if model.is_deep and spec.warm_start:
+        shallow_spec = replace(spec, model=CONTAINED[spec.model], top_mean=None)
+        shallow = build_model(shallow_spec.model, model_data, shallow_spec.options(),
+                              spec.inducing_init,
+                              torch.Generator(device=spec.device).manual_seed(seed))
+        shallow_config = replace(default_config(shallow_spec), seed=config.seed,
+                                 progress=config.progress)
+        phases.append(_phase(shallow, train(shallow, config=shallow_config)))
+        embed_shallow(model, shallow, SWITCHED_OFF)
+        reference = {key: value.clone() for key, value in model.state_dict().items()}
+        embed_shallow(model, shallow)
     result = train(model, config=config)
-    predictor = MultitaskPredictor(model, standardisation, spec.predictive_samples,
-                                   0 if config.seed is None else config.seed)
-    return MultitaskFit(model, result, predictor, standardisation, spec, model_data)
+    phases.append(_phase(model, result))
+    kept = spec.model
+    if reference is not None:
+        trained = {key: value.clone() for key, value in model.state_dict().items()}
+        model.load_state_dict(reference)
+        if estimate_elbo(model, seed=seed) > phases[-1].elbo:
+            kept = phases[0].model
+        else:
+            model.load_state_dict(trained)
+    predictor = MultitaskPredictor(model, standardisation, spec.predictive_samples, seed)
+    return MultitaskFit(model, result, predictor, standardisation, spec, model_data,
+                        estimate_elbo(model, seed=seed), phases, kept)
+
+
+def _phase(model: MultitaskGP, result: TrainResult) -> Phase:
+    return Phase(model.kind, result.steps, result.seconds, result.converged,
+                 estimate_elbo(model))

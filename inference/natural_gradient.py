@@ -30,8 +30,9 @@ that would lower its objective is not taken and halves the size, a step taken do
 is batched over members with ``torch.where``: no value is read back to the host.
 
 A model declares its layers' objectives by ``natural_gradient_objectives()``: a list of
-(layer, objective) pairs, objective ``None`` for a conjugate layer or a callable returning the
-per-member objective (broadcastable to the layer's batch shape).
+(layer, objective) pairs, objective ``None`` for a conjugate layer, a callable returning the
+per-member objective (broadcastable to the layer's batch shape), or :data:`OPTIMISER` for a layer
+whose q(v) the optimiser takes with the other parameters (e.g. the inner layers of a deep GP).
 """
 
 from __future__ import annotations
@@ -39,12 +40,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from pyrogp_models.inference.protocols import NaturalGradientLayers
 
 from pyrogp_models.gaussian.linalg import inverse_cholesky, triangular_solve
 from pyrogp_models.layers import SparseGPLayer, variational_layers
 
 #: Relative decrease of a member's objective that the safeguard treats as rounding.
 OBJECTIVE_TOLERANCE = 1e-12
+
+#: The declared objective of a layer left to the optimiser (no natural-gradient step).
+OPTIMISER = "optimiser"
 
 Objective = Callable[[], torch.Tensor] | None
 
@@ -116,14 +121,15 @@ def _objectives(module: torch.nn.Module) -> list[tuple[SparseGPLayer, Objective]
                          "already)")
     declared: dict[int, Objective] = {}
     for owner in module.modules():
-        if hasattr(owner, "natural_gradient_objectives"):
+        if isinstance(owner, NaturalGradientLayers):
             declared.update({id(layer): objective
                              for layer, objective in owner.natural_gradient_objectives()})
     missing = [layer for layer in layers if id(layer) not in declared]
     if missing:
         raise ValueError(f"{type(module).__name__} does not declare the objective of its "
                          "sparse-GP layers (natural_gradient_objectives)")
-    return [(layer, declared[id(layer)]) for layer in layers]
+    return [(layer, declared[id(layer)]) for layer in layers
+            if not isinstance(declared[id(layer)], str) or declared[id(layer)] != OPTIMISER]
 
 
 def _member_values(values: torch.Tensor, batch_shape: torch.Size) -> torch.Tensor:

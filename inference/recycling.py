@@ -2,9 +2,11 @@
 
 :func:`recycle` is what the ``pyrogp recycle`` command calls::
 
-    modules = load_modules_from(path)
+    modules = load_modules(path)
     fit = recycle(modules, RecycleSpec(num_inducing=35), TrainConfig(...))
     save_module(fit.module, out)       # fit.model is the trained MetaGP
+
+The exported module keeps the data columns (feature and target names, units) the modules share.
 
 Initialisation: Z_* are k-means centres of all modules' inducing inputs (and of the raw inputs),
 or a grid over their span; ψ_* takes the median of the modules' hyperparameters; q(v) starts at
@@ -15,21 +17,22 @@ same for the LMC meta-GP.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
+from pyrogp_models.inference.train_config import COLLAPSED_CONFIG, UNCOLLAPSED_CONFIG, TrainConfig
+from pyrogp_models.inference.trainer import TrainResult, train
 
 from pyrogp_models.data import Standardisation, require_finite
-from pyrogp_models.data.inducing import grid_inducing
-from pyrogp_models.data.kmeans import kmeans
+from pyrogp_models.data.columns import Columns
+from pyrogp_models.data.inducing import init_inducing
 from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.kernels import Kernel, Leaf, Stationary, kernel_text, resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS, make_likelihood
-from pyrogp_models.models.meta.meta_gp import MetaGP, choose_likelihood
+from pyrogp_models.models.meta.meta_gp import MetaGP, choose_likelihood, common_likelihood
 from pyrogp_models.models.meta.multioutput import MultiOutputMetaGP
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
@@ -39,12 +42,17 @@ from pyrogp_models.modules.units import kernel_in_model_units
 
 @dataclass
 class RawData:
-    """New raw data in data units, fitted together with the modules (combined bound, eq. 19)."""
+    """New raw data in data units, fitted together with the modules (combined bound, eq. 19).
+
+    ``likelihood=None`` takes the modules' common likelihood
+    (:class:`~pyrogp_models.errors.MixedLikelihoodsError` if they differ);
+    ``likelihood_options=None`` the options of the modules with that
+    likelihood (none without such modules)."""
 
     X: np.ndarray | torch.Tensor
     y: np.ndarray | torch.Tensor
-    likelihood: str = "gaussian"
-    likelihood_options: dict = field(default_factory=dict)
+    likelihood: str | None = "gaussian"
+    likelihood_options: dict | None = None
 
 
 @dataclass
@@ -81,21 +89,21 @@ class RecycleSpec:
     device: str | torch.device = "cpu"
 
 
-#: The collapsed bound: L-BFGS with a backtracking line search that rejects non-finite trial
-#: points (:mod:`pyrogp_models.inference.batched_lbfgs`), stopping when the bound changes by less
-#: than 1e-6 (relative) over 10 iterations, as the local fits do.
-COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, window=10, tol=1e-6)
-#: The uncollapsed bound: a unit natural-gradient step on q(v) (exact for modules and Gaussian
-#: raw data, safeguarded otherwise) before each Adam step on the kernel and Z_*.
-UNCOLLAPSED_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=50, tol=1e-6,
-                                 natural_gradient_lr=1.0)
-
-
-def uses_collapsed_bound(spec: RecycleSpec, raw_data: RawData | None = None) -> bool:
+def uses_collapsed_bound(spec: RecycleSpec, raw_data: RawData | None = None,
+                         modules: Mapping[str, Module] | None = None) -> bool:
     """As asked, else the collapsed bound unless non-Gaussian raw data are fitted too."""
     if spec.collapsed is not None:
         return spec.collapsed
-    return raw_data is None or raw_data.likelihood == "gaussian"
+    return raw_data is None or raw_likelihood(raw_data, modules) == "gaussian"
+
+
+def raw_likelihood(raw_data: RawData, modules: Mapping[str, Module] | None) -> str:
+    """The raw data's likelihood: as named, else the modules' common likelihood."""
+    if raw_data.likelihood is not None:
+        return raw_data.likelihood
+    if not modules:
+        raise ValueError("raw data without modules need their likelihood named")
+    return common_likelihood(modules.values())
 
 
 @dataclass
@@ -119,7 +127,7 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
     model evaluations) and after training.
     """
     spec = spec or RecycleSpec()
-    num_inducing, collapsed = spec.num_inducing, uses_collapsed_bound(spec, raw_data)
+    num_inducing, collapsed = spec.num_inducing, uses_collapsed_bound(spec, raw_data, modules)
     config = config or (COLLAPSED_CONFIG if collapsed else UNCOLLAPSED_CONFIG)
     stack = (ModuleStack.from_modules(modules, dtype=spec.dtype, device=spec.device)
              if modules else None)
@@ -149,8 +157,9 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
                   "site_repairs": repairs, "train_steps": result.steps,
                   "converged": result.converged,
                   "spec": {k: str(v) for k, v in asdict(spec).items()}}
-    return Recycled(meta, result, replace(module, info={**module.info, "recycle": provenance}),
-                    meta.standardisation)
+    columns = stack.modules[stack.names[0]].columns if stack is not None else Columns()
+    return Recycled(meta, result, replace(module, info={**module.info, "recycle": provenance},
+                                          columns=columns), meta.standardisation)
 
 
 def _raw_data_terms(stack: ModuleStack | None, raw_data: RawData | None, spec: RecycleSpec):
@@ -160,9 +169,9 @@ def _raw_data_terms(stack: ModuleStack | None, raw_data: RawData | None, spec: R
         if stack is None:
             raise ValueError("recycle needs modules, raw data or both")
         return None, None, None, stack.standardisation
-    if raw_data.likelihood not in LIKELIHOODS:
-        raise ValueError(f"unknown likelihood '{raw_data.likelihood}'; "
-                         f"choose from {sorted(LIKELIHOODS)}")
+    name = raw_likelihood(raw_data, stack.modules if stack is not None else None)
+    if name not in LIKELIHOODS:
+        raise ValueError(f"unknown likelihood '{name}'; choose from {sorted(LIKELIHOODS)}")
     X = np.asarray(raw_data.X, dtype=np.float64)
     y = np.asarray(raw_data.y, dtype=np.float64)
     require_finite(X, "raw inputs")
@@ -170,16 +179,14 @@ def _raw_data_terms(stack: ModuleStack | None, raw_data: RawData | None, spec: R
     if X.ndim != 2 or len(X) != len(y) or (stack is not None and X.shape[1] != stack.input_dim):
         raise DataError(f"raw data of shapes {X.shape} and {y.shape} do not match modules with "
                         f"input dimension {stack.input_dim if stack is not None else '?'}")
-    standardise_y = LIKELIHOODS[raw_data.likelihood].standardise_targets
+    standardise_y = LIKELIHOODS[name].standardise_targets
     standardisation = (stack.standardisation if stack is not None
                        else Standardisation.fit(X, y, standardise_y=standardise_y))
-    initial = {}
-    if stack is not None and any(m.likelihood_name == raw_data.likelihood
-                                 for m in stack.modules.values()):
-        initial = choose_likelihood(stack, None, raw_data.likelihood,
-                                    raw_data.likelihood_options)[2]
-    likelihood = make_likelihood(raw_data.likelihood, (), spec.dtype, spec.device,
-                                 **raw_data.likelihood_options, **initial)
+    options, initial = raw_data.likelihood_options or {}, {}
+    if stack is not None and any(m.likelihood_name == name for m in stack.modules.values()):
+        _, options, initial, _ = choose_likelihood(stack, None, name,
+                                                   raw_data.likelihood_options)
+    likelihood = make_likelihood(name, (), spec.dtype, spec.device, **options, **initial)
     as_tensor = lambda a: torch.as_tensor(a, dtype=spec.dtype, device=spec.device)  # noqa: E731
     targets = standardisation.transform_y(y) if standardise_y else y
     return likelihood, as_tensor(standardisation.transform_x(X)), as_tensor(targets), \
@@ -188,15 +195,13 @@ def _raw_data_terms(stack: ModuleStack | None, raw_data: RawData | None, spec: R
 
 def initial_inducing(points: torch.Tensor, num_inducing: int, method: str = "kmeans",
                      seed: int | None = 0) -> torch.Tensor:
-    """Z_* [M, D]: k-means centres of ``points`` [P, D] (a grid over their span when there are
-    fewer distinct points than M, or with ``method="grid"``)."""
-    if method not in ("kmeans", "grid"):
-        raise ValueError(f"unknown inducing initialisation '{method}'; use 'kmeans' or 'grid'")
-    distinct = torch.unique(points, dim=0).shape[0]
-    if method == "kmeans" and distinct >= num_inducing:
-        generator = torch.Generator(device=points.device).manual_seed(seed or 0)
-        return kmeans(points, num_inducing, generator=generator)
-    return grid_inducing(points, num_inducing)
+    """Z_* [M, D] from the modules' inducing inputs (and raw inputs) ``points`` [P, D] by
+    :func:`~pyrogp_models.data.inducing.init_inducing`: ``method`` — but a grid over their
+    span when there are fewer distinct points than M (modules of one fit share many)."""
+    if method == "kmeans" and torch.unique(points, dim=0).shape[0] < num_inducing:
+        method = "grid"
+    generator = torch.Generator(device=points.device).manual_seed(seed or 0)
+    return init_inducing(points, num_inducing, method=method, generator=generator)
 
 
 def initial_global_kernel(stack: ModuleStack | None, spec: RecycleSpec, input_dim: int,

@@ -50,6 +50,8 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 from pyrogp_models.inference.batched_lbfgs import BatchedLBFGS
 from pyrogp_models.inference.natural_gradient import NaturalGradient
+from pyrogp_models.inference.protocols import IndependentMembers, NoisyObjective
+from pyrogp_models.inference.train_config import TrainConfig
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 from tqdm import tqdm
@@ -57,41 +59,6 @@ from tqdm import tqdm
 from pyrogp_models.errors import CholeskyError, NotConvergedWarning
 from pyrogp_models.gaussian.linalg import deferred_checks
 from pyrogp_models.modules.signed import atomic_write
-
-OPTIMIZERS = ("adam", "lbfgs")
-
-
-@dataclass
-class TrainConfig:
-    """How to train.
-
-    ``steps`` is the maximum number of optimiser steps; ``tol``/``window`` the convergence test
-    (None: run all steps); ``natural_gradient_lr`` the step size γ of a natural-gradient step on
-    every q(u) before each optimiser step (None: q(u) is optimised with the other parameters);
-    ``time_budget`` a limit in seconds.
-    """
-
-    optimizer: str = "adam"
-    lr: float = 0.05
-    steps: int = 1000
-    tol: float | None = 1e-6
-    window: int = 50
-    seed: int | None = 0
-    progress: bool = False
-    checkpoint: str | Path | None = None
-    checkpoint_every: int = 500
-    resume: bool = False
-    natural_gradient_lr: float | None = None
-    time_budget: float | None = None
-
-    def __post_init__(self):
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer '{self.optimizer}'; choose adam or lbfgs")
-        gamma = self.natural_gradient_lr
-        if gamma is not None and not 0.0 < gamma <= 1.0:
-            raise ValueError(f"natural_gradient_lr must be in (0, 1], got {gamma}")
-        if self.steps < 0 or self.window < 1:
-            raise ValueError(f"steps must be ≥ 0 and window ≥ 1, got {self.steps}, {self.window}")
 
 
 @dataclass
@@ -126,7 +93,7 @@ class PreStepHook(Protocol):
 def _make_optimizer(config: TrainConfig, params, module):
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr)
-    if hasattr(module, "member_objectives"):
+    if isinstance(module, IndependentMembers):
         return BatchedLBFGS(module.member_objectives())
     return torch.optim.LBFGS(params, lr=config.lr, max_iter=20, history_size=50,
                              line_search_fn="strong_wolfe", tolerance_grad=1e-12,
@@ -208,8 +175,12 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     def loss_fn():
         return elbo.differentiable_loss(module.model, module.guide, *args, **kwargs)
 
+    in_closure = config.hooks_in_closure and config.optimizer == "lbfgs"
+
     def closure():
         optimizer.zero_grad()
+        for hook in hooks if in_closure else ():
+            hook(loss_fn)
         loss = loss_fn()
         if params:
             loss.backward(inputs=params)
@@ -223,13 +194,13 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                leave=False)
     members = (_MemberConvergence(optimizer, module) if isinstance(optimizer, BatchedLBFGS)
                else None)
-    noisy = bool(getattr(module, "noisy_objective", False))
+    noisy = isinstance(module, NoisyObjective) and bool(module.noisy_objective)
     step, began = start, time.perf_counter()
     try:
         with deferred_checks():
             while step < config.steps:
                 try:
-                    for hook in hooks:
+                    for hook in () if in_closure else hooks:
                         hook(loss_fn)
                     if isinstance(optimizer, BatchedLBFGS):
                         loss = optimizer.step()

@@ -14,76 +14,64 @@ routing, the predictor base) · ``models/`` (``local/``, ``meta/``, ``experts/``
 live in ``pyrogp_models.inference`` (kept in ``inference/`` at the top of the repository).
 """
 
-from pyrogp_models.data import Standardisation, Table, load_banana, load_sunspots, load_table
-from pyrogp_models.data.partitioners import (
-    Partition,
-    partition_by_label,
-    partition_contiguous,
-    partition_kmeans,
-    partition_random,
-)
-from pyrogp_models.errors import (
-    CholeskyError,
-    DataError,
-    IncompatibleModulesError,
-    MixedLikelihoodsError,
-    ModuleFileError,
-    PyrogpError,
-    UnboundedBoundError,
-)
-from pyrogp_models.kernels import RBF, Matern12, Matern32, Matern52, Stationary
-from pyrogp_models.layers import SparseGPLayer
-from pyrogp_models.likelihoods import (
-    Bernoulli,
-    Categorical,
-    Gaussian,
-    HeteroscedasticGaussian,
-    Likelihood,
-    Poisson,
-    make_likelihood,
-)
-from pyrogp_models.models.distributed_kernel import DistributedKernelGP
-from pyrogp_models.models.experts import ExactExperts, ExpertCombination, ModuleExperts
-from pyrogp_models.models.local.local_gps import LocalGPs
-from pyrogp_models.models.local.svgp import BatchedSVGP
-from pyrogp_models.models.meta.meta_gp import MetaGP
-from pyrogp_models.models.meta.multioutput import MultiOutputMetaGP
-from pyrogp_models.models.multitask import (
-    CGP,
-    CMDGP,
-    IDGP,
-    IGP,
-    MMDGP,
-    SMDGP,
-    MultitaskGP,
-    MultitaskOptions,
-    MultitaskPredictor,
-    TaskData,
-)
-from pyrogp_models.modules.files import load_module, load_modules, save_module, save_modules
-from pyrogp_models.modules.predictor import Predictor
-from pyrogp_models.modules.record import Module
-from pyrogp_models.modules.routing import RoutedModules, load_predictor
-from pyrogp_models.modules.stack import ModuleStack
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
+#: Where each public name is defined: ``from pyrogp_models import X`` imports that module on
+#: first use, so importing the package (as the command line does) loads neither torch nor Pyro.
+_EXPORTS = {
     # models
-    "BatchedSVGP", "DistributedKernelGP", "ExactExperts", "ExpertCombination", "LocalGPs",
-    "MetaGP", "ModuleExperts", "MultiOutputMetaGP", "CGP", "CMDGP", "IDGP", "IGP", "MMDGP",
-    "SMDGP", "MultitaskGP", "MultitaskOptions", "MultitaskPredictor", "TaskData",
+    "BatchedSVGP": "pyrogp_models.models.local.svgp",
+    "DistributedKernelGP": "pyrogp_models.models.distributed_kernel",
+    "ExactExperts": "pyrogp_models.models.experts",
+    "ExpertCombination": "pyrogp_models.models.experts",
+    "LocalGPs": "pyrogp_models.models.local.local_gps",
+    "MetaGP": "pyrogp_models.models.meta.meta_gp",
+    "ModuleExperts": "pyrogp_models.models.experts",
+    "MultiOutputMetaGP": "pyrogp_models.models.meta.multioutput",
+    **dict.fromkeys(["CGP", "CMDGP", "IDGP", "IGP", "MMDGP", "SMDGP", "MultitaskGP",
+                     "MultitaskOptions", "MultitaskPredictor", "TaskData"],
+                    "pyrogp_models.models.multitask"),
     # the layer, kernels, likelihoods
-    "SparseGPLayer", "RBF", "Matern12", "Matern32", "Matern52", "Stationary", "Bernoulli",
-    "Categorical", "Gaussian", "HeteroscedasticGaussian", "Likelihood", "Poisson",
-    "make_likelihood",
+    "SparseGPLayer": "pyrogp_models.layers",
+    **dict.fromkeys(["RBF", "Matern12", "Matern32", "Matern52", "Stationary"],
+                    "pyrogp_models.kernels"),
+    **dict.fromkeys(["Bernoulli", "Categorical", "Gaussian", "HeteroscedasticGaussian",
+                     "Likelihood", "Poisson", "make_likelihood"], "pyrogp_models.likelihoods"),
     # modules: the record, files, stacks, predictors
-    "Module", "ModuleStack", "Predictor", "RoutedModules", "load_module", "load_modules",
-    "load_predictor", "save_module", "save_modules",
+    "Module": "pyrogp_models.modules.record",
+    "ModuleStack": "pyrogp_models.modules.stack",
+    "Predictor": "pyrogp_models.modules.predictor",
+    "RoutedModules": "pyrogp_models.modules.routing",
+    **dict.fromkeys(["load_module", "load_modules", "save_module", "save_modules"],
+                    "pyrogp_models.modules.files"),
+    **dict.fromkeys(["load_predictor", "describe"], "pyrogp_models.io"),
     # data and partitioners
-    "Partition", "Standardisation", "Table", "load_banana", "load_sunspots", "load_table",
-    "partition_by_label", "partition_contiguous", "partition_kmeans", "partition_random",
+    **dict.fromkeys(["Standardisation", "Table", "load_banana", "load_sunspots", "load_table"],
+                    "pyrogp_models.data"),
+    "Columns": "pyrogp_models.data.columns",
+    **dict.fromkeys(["Partition", "partition_by_label", "partition_contiguous",
+                     "partition_kmeans", "partition_random"], "pyrogp_models.data.partitioners"),
     # errors
-    "CholeskyError", "DataError", "IncompatibleModulesError", "MixedLikelihoodsError",
-    "ModuleFileError", "PyrogpError", "UnboundedBoundError",
-]
+    **dict.fromkeys(["CholeskyError", "DataError", "IncompatibleModulesError",
+                     "MixedLikelihoodsError", "ModuleFileError", "PyrogpError",
+                     "UnboundedBoundError"], "pyrogp_models.errors"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """A public name (:data:`__all__`), imported from its module on first use."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pyrogp_models' has no attribute '{name}'")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

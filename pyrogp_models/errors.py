@@ -13,6 +13,19 @@ class DataError(PyrogpError, ValueError):
     """Bad input data: missing file, unknown column, NaN/inf, bad labels, empty partition."""
 
 
+class UnroutableModulesError(DataError):
+    """Several modules with no region for each point (a random partition, or no partition rule
+    stored with them): they predict together only when combined by a product-of-experts rule
+    (:class:`~pyrogp_models.models.experts.predictor.ExpertCombination`). ``reason`` is the
+    message without that advice, so that a front end can word its own (the command line names
+    its ``--rule`` flag)."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"{reason}; combine them by a product-of-experts rule "
+                         "(ExpertCombination) instead")
+        self.reason = reason
+
+
 class ModuleFileError(PyrogpError):
     """A module file is missing, corrupted, tampered with or invalid; the message names the file."""
 

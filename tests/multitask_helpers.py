@@ -42,7 +42,7 @@ def randomise(model: MultitaskGP, seed: int = 1, scale: float = 0.3) -> Multitas
     for layer in variational_layers(model):
         mean = torch.randn(layer.q_mean.shape, generator=generator)
         noise = 0.1 * torch.randn(layer.q_sqrt.shape, generator=generator)
-        diagonal = scale * (1.0 + torch.rand(mean.shape, generator=generator))
+        diagonal = scale * (1.0 + torch.rand(layer.q_sqrt.shape[:-1], generator=generator))
         layer.set_whitened_posterior(mean, noise.tril(-1) + torch.diag_embed(diagonal))
     if model.likelihood.name == "gaussian":
         model.likelihood.variance = 0.05 + 0.1 * torch.rand(

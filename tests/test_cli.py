@@ -12,6 +12,7 @@ from pyrogp_models.inference.cli import main
 
 from helpers import constant_scores, gaussian_scores, run_failing, run_ok, write_csv
 from pyrogp_models.data import load_table
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.errors import DataError
 from pyrogp_models.modules.files import INDEX_NAME, load_modules, read_index
 
@@ -52,7 +53,7 @@ def test_fit_info_predict_evaluate_round_trip(capsys, folder, regression_csv,
     modules = load_modules(contiguous_modules)
     assert list(modules) == ["part000", "part001", "part002"]
     for module in modules.values():
-        assert module.info["features"] == ["x1", "x2"] and module.info["target"] == "y"
+        assert module.columns == Columns(["x1", "x2"], "y")
         assert "partition_column" not in module.info
 
     info = run_ok(capsys, "info", contiguous_modules)
@@ -111,7 +112,7 @@ def test_label_partition_routes_by_the_partition_column(capsys, folder, regressi
     modules = load_modules(out)
     assert len(modules) == 3
     first = next(iter(modules.values()))
-    assert first.info["features"] == ["x1", "x2"] and first.info["partition_column"] == "group"
+    assert first.columns.features == ("x1", "x2") and first.info["partition_column"] == "group"
     predictions = folder / "by_group.csv"
     run_ok(capsys, "predict", out, "--data", regression_csv, "--out", predictions)
     data = load_table(regression_csv)
@@ -248,8 +249,8 @@ def test_rule_is_passed_to_the_expert_combination(capsys, monkeypatch, folder, r
 
     class FakeCombination:
         is_classifier = False
-        feature_names = ["x1", "x2"]
-        target_name = "y"
+        columns = Columns(["x1", "x2"], "y")
+        input_dim = 2
 
         def __init__(self, modules, rule, weights=None, temperature=None):
             received.update(count=len(modules), rule=rule, weights=weights,

@@ -13,6 +13,7 @@ import pytest
 from pyrogp_models.inference.cli import main
 
 from helpers import run_failing, write_csv
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.modules.files import load_modules, read_index, save_modules
 
 
@@ -46,7 +47,7 @@ def files(folder):
                  "--regions", "2", "--inducing-per-region", "3", "--steps", "2",
                  "--out", str(paths["dk"])]) == 0
     # modules that record neither their feature nor their target columns
-    bare = {name: replace(module, info={}) for name, module in
+    bare = {name: replace(module, columns=Columns()) for name, module in
             load_modules(paths["modules"]).items()}
     save_modules(bare, paths["bare"], read_index(paths["modules"])["partition"])
     (folder / "a_folder").mkdir()
@@ -126,11 +127,11 @@ CASES = {
         "feature column(s) mean clash with output column names"),
     "predict modules without feature names, data with two inputs": (
         ["predict", "{bare}", "--data", "{two_inputs}", "--out", "{out}/p.csv"],
-        "the modules take 1 inputs but 2 feature columns were found: a, b"),
+        "the model takes 1 inputs but 2 feature columns were found: a, b"),
     # evaluate
     "evaluate modules without a target name": (
         ["evaluate", "{bare}", "--data", "{data}"],
-        "the modules do not record their target column; pass --target"),
+        "the model does not record its target column; pass --target"),
     # combine
     "combine a module file": (
         ["combine", "{modules}/part000.safetensors", "--rule", "poe", "--data", "{data}",

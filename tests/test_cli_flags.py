@@ -18,6 +18,7 @@ from scipy import stats
 
 from helpers import constant_scores, run_failing, run_ok, write_csv
 from pyrogp_models.data import load_table
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import partition_contiguous, partition_kmeans
 from pyrogp_models.errors import NotConvergedWarning
 from pyrogp_models.models.distributed_kernel.files import load_distributed_kernel
@@ -77,7 +78,7 @@ def test_kernel_and_float32_reach_the_fit(capsys, folder, data_csv, arrays):
                for m in single.values())
 
     spec = LocalFitSpec(num_inducing=6, kernel="matern32",
-                        info={"features": ["x"], "target": "y"})
+                        columns=Columns(["x"], "y"))
     python = fit_local((X, arrays["y"], partition_contiguous(X, 2)), spec,
                        replace(default_config(spec), seed=0))
     assert_same_predictions(double, python.modules, X)
@@ -93,7 +94,7 @@ def test_batch_size_fits_minibatches_on_the_uncollapsed_bound(capsys, folder, da
     out = run_ok(capsys, *fit_args(data_csv, "y", folder / "minibatch", "--inducing", 5,
                                    "--batch-size", 16, "--steps", 10))
     assert "uncollapsed bound" in out
-    spec = LocalFitSpec(num_inducing=5, batch_size=16, info={"features": ["x"], "target": "y"})
+    spec = LocalFitSpec(num_inducing=5, batch_size=16, columns=Columns(["x"], "y"))
     config = replace(default_config(spec), seed=0, steps=10)
     assert config.natural_gradient_lr == pytest.approx(0.2)  # the minibatch default
     with pytest.warns(NotConvergedWarning):
@@ -194,7 +195,7 @@ def test_fit_experts_kernel_reaches_the_fit(capsys, folder, data_csv, arrays):
            "--kernel", "matern52", "--steps", 3, "--out", folder / "experts52")
     modules = load_modules(folder / "experts52")
     assert {m.kernel.kind for m in modules.values()} == {"matern52"}
-    spec = ExpertsSpec(kernel="matern52", info={"features": ["x"], "target": "y"})
+    spec = ExpertsSpec(kernel="matern52", columns=Columns(["x"], "y"))
     python = fit_exact_experts((X, arrays["y"], partition_kmeans(X, 2, 0)), spec,
                                replace(EXPERTS_CONFIG, seed=0, steps=3))
     assert_same_predictions(modules, python.modules, X)

@@ -13,10 +13,10 @@ import json
 
 import numpy as np
 import pytest
-from pyrogp_models.inference.health import module_flags
 
 from helpers import run_ok, write_csv
 from pyrogp_models.modules.files import load_modules
+from pyrogp_models.modules.health import module_flags
 
 statsmodels = pytest.importorskip("statsmodels.api")
 

@@ -26,8 +26,10 @@ from helpers import (
     write_csv,
 )
 from pyrogp_models.data import Standardisation, load_table
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.errors import ModuleFileError
+from pyrogp_models.io import load_predictor
 from pyrogp_models.kernels import RBF
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.distributed_kernel import (
@@ -43,7 +45,6 @@ from pyrogp_models.models.distributed_kernel.files import (
 from pyrogp_models.modules.files import save_module
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
-from pyrogp_models.modules.routing import load_predictor
 
 FIT = ["--inducing-per-region", "6", "--steps", "40"]
 
@@ -157,9 +158,9 @@ def test_saved_file_round_trip_predicts_identically(tmp_path, make):
         else torch.sin(X_data[:, 0])
     standardisation = Standardisation.fit(X_data, y_data,
                                           model.likelihood.standardise_targets)
-    original = DistributedKernelPredictor(model, standardisation, len(X), -12.5,
-                                          {"features": [f"in{d}" for d in range(X.shape[1])],
-                                           "target": "out"})
+    original = DistributedKernelPredictor(model, standardisation, len(X), -12.5, {"note": 1},
+                                          Columns([f"in{d}" for d in range(X.shape[1])], "out",
+                                                  {"out": "m"}))
     path = save_distributed_kernel(original, tmp_path / "model.safetensors")
     loaded = load_distributed_kernel(path)
     for a, b in zip(original.predict_f(X_data), loaded.predict_f(X_data), strict=True):
@@ -169,6 +170,7 @@ def test_saved_file_round_trip_predicts_identically(tmp_path, make):
     torch.testing.assert_close(original.log_predictive(X_data, y_data),
                                loaded.log_predictive(X_data, y_data), rtol=0, atol=1e-12)
     assert (loaded.num_data, loaded.elbo, loaded.info) == (len(X), -12.5, original.info)
+    assert loaded.columns == original.columns
     assert loaded.standardisation.to_dict() == standardisation.to_dict()
     assert loaded.model.variational == model.variational
     assert torch.equal(loaded.model.inducing, model.inducing.detach())

@@ -9,6 +9,7 @@ from pyrogp_models.inference.experts_fit import fit_exact_experts
 from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
 from pyrogp_models.inference.trainer import TrainConfig
 
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import partition_kmeans, partition_random
 from pyrogp_models.errors import IncompatibleModulesError
 from pyrogp_models.models.experts import (
@@ -146,12 +147,12 @@ def np_w2_barycenter(m, v, b):
 
 def test_predictor_protocol_and_names(exact_fit):
     fit, _, _, _ = exact_fit
-    tagged = {name: replace(m, info={**m.info, "features": ["a", "b"], "target": "t"})
+    tagged = {name: replace(m, columns=Columns(["a", "b"], "t"))
               for name, m in fit.modules.items()}
     combination = ExpertCombination(tagged, "gpoe", "softmax-var", 100.0)
     assert isinstance(combination, Predictor)
     assert combination.likelihood_name == "gaussian" and not combination.is_classifier
-    assert combination.feature_names == ["a", "b"] and combination.target_name == "t"
+    assert combination.columns == Columns(["a", "b"], "t")
     assert combination.names == list(fit.modules)
 
 

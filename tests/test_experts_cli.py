@@ -13,6 +13,7 @@ from pyrogp_models.inference.trainer import TrainConfig
 
 from helpers import constant_scores, exact_gp_scores, write_csv
 from pyrogp_models.data import load_table
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import partition_kmeans
 from pyrogp_models.models.experts import grbcm_rows
 from pyrogp_models.modules.files import SUFFIX, load_modules, read_index, save_modules
@@ -46,8 +47,7 @@ def test_fit_experts_writes_a_module_folder(experts):
     assert read_index(experts)["partition"]["kind"] == "kmeans"
     assert sum(module.num_data for module in modules.values()) == 200
     for module in modules.values():
-        assert module.info["features"] == ["x1", "x2"]
-        assert module.info["target"] == "y"
+        assert module.columns == Columns(["x1", "x2"], "y")
         assert module.info["expert"] == "exact"
     lengthscales = [module.kernel.lengthscale for module in modules.values()]
     assert all(torch.equal(lengthscales[0], other) for other in lengthscales[1:])
@@ -134,7 +134,7 @@ def test_combine_grbcm_is_eq5_on_the_experts_predictions(folder, data, capsys):
     X, y, X_test = train.select(["x1", "x2"]), train.column("y"), test.select(["x1", "x2"])
     rows, partition = grbcm_rows(partition_kmeans(X, 3, seed=0), 40, seed=0)
     fit = fit_exact_experts((X[rows], y[rows], partition),
-                            ExpertsSpec(info={"features": ["x1", "x2"], "target": "y"}),
+                            ExpertsSpec(columns=Columns(["x1", "x2"], "y")),
                             TrainConfig(optimizer="lbfgs", lr=1.0, steps=3, window=1))
     modules = dict(fit.modules)
     first = next(iter(modules))

@@ -15,6 +15,7 @@ from pyrogp_models.inference.trainer import TrainConfig, train
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from pyrogp_models.data import Standardisation, load_sunspots
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import Partition, partition_contiguous
 from pyrogp_models.errors import (
     IncompatibleModulesError,
@@ -552,7 +553,7 @@ def test_unbounded_error_lives_in_errors_and_carries_its_findings():
 
 # Compatibility and export ---------------------------------------------------------------------
 def test_incompatible_modules_are_named(single_module):
-    renamed = replace(single_module, info={**single_module.info, "features": ["z"]})
+    renamed = replace(single_module, columns=Columns(["z"]))
     with pytest.raises(IncompatibleModulesError, match="'renamed'.*features"):
         ModuleStack.from_modules({"one": single_module, "renamed": renamed})
     wide = make_module("wide", torch.zeros(5, 2), torch.zeros(5), torch.eye(5),

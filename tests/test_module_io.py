@@ -22,10 +22,11 @@ from safetensors.torch import save as save_tensors
 
 from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.errors import ModuleFileError
+from pyrogp_models.io import load_predictor
 from pyrogp_models.models.distributed_kernel.files import save_distributed_kernel
 from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.modules import files as module_files
-from pyrogp_models.modules.routing import load_predictor
+from pyrogp_models.modules.record import FORMAT_VERSION
 from pyrogp_models.modules.signed import digest, signed_bytes
 
 
@@ -125,7 +126,7 @@ def test_loading_never_unpickles(modules, tmp_path, monkeypatch):
         assert same_module(module_files.load_module(one), modules["part001"])
         loaded = module_files.load_modules(tmp_path / "folder")
         assert all(same_module(loaded[name], modules[name]) for name in modules)
-        assert list(module_files.load_modules_from(tmp_path / "folder")) == list(modules)
+        assert list(module_files.load_modules(tmp_path / "folder")) == list(modules)
         assert load_predictor(dk_path).num_data == 30
         resumed = train(model(), config=replace(config, steps=5, resume=True))
         assert resumed.steps == 5
@@ -187,7 +188,8 @@ def test_valid_checksum_but_invalid_content_is_refused(modules, tmp_path, edit, 
 
 def test_newer_format_version_is_refused(modules, tmp_path, monkeypatch):
     with monkeypatch.context() as patch:
-        patch.setattr(module_files, "FORMAT_VERSION", module_files.FORMAT_VERSION + 1)
+        patch.setattr(module_files, "MODULE_FILE", replace(module_files.MODULE_FILE,
+                                                           version=FORMAT_VERSION + 1))
         path = module_files.save_module(modules["part000"], tmp_path / "m")
     with pytest.raises(ModuleFileError, match="newer"):
         module_files.load_module(path)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 from pyrogp_models.inference.cli import main
-from pyrogp_models.inference.health import module_flags
 from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
 from pyrogp_models.inference.trainer import TrainConfig, train
 
 from helpers import run_failing, run_ok, write_csv
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.errors import ModuleFileError, NotConvergedWarning
 from pyrogp_models.models.local.local_gps import LocalGPs
@@ -25,6 +25,7 @@ from pyrogp_models.modules.files import (
     save_module,
     save_modules,
 )
+from pyrogp_models.modules.health import module_flags
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def sites(folder, site_data):
     paths = []
     for name, rows in (("siteA", x < 5), ("siteB", x >= 5)):
         fit = fit_local((x[rows, None], y[rows], partition_contiguous(x[rows, None], 3)),
-                        LocalFitSpec(num_inducing=6, info={"features": ["x"], "target": "y"}))
+                        LocalFitSpec(num_inducing=6, columns=Columns(["x"], "y")))
         paths.append(save_modules(fit.modules, folder / name,
                                   partition_contiguous(x[rows, None], 3)))
     return paths

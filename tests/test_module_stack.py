@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pyrogp_models.data import Standardisation
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.errors import CholeskyError, IncompatibleModulesError
 from pyrogp_models.kernels import stationary_kernel
 from pyrogp_models.modules.record import Module
@@ -118,7 +119,7 @@ def test_compatibility_checks_name_the_odd_modules():
     modules["m17"] = random_module("m17", 3, seed=17, standardisation=shifted)
     check_compatible(modules)
     for name in ("m3", "m30"):
-        modules[name] = replace(modules[name], info={**modules[name].info, "features": ["a"]})
+        modules[name] = replace(modules[name], columns=Columns(["a"]))
     with pytest.raises(IncompatibleModulesError, match="'m3', 'm30' differ.*features"):
         check_compatible(modules)
     modules["m3"] = replace(modules["m3"], likelihood_name="poisson", likelihood_params={})

@@ -36,10 +36,9 @@ def test_multitask_dgp_benchmark_quick(tmp_path):
     for row in payload["elbo"]:
         assert row["ms"] > 0 and len(row["ms_all"]) == settings["rounds"]
         assert row["paper_ms"] > 0 and row["parameters"] > 0
-    # a shared process stacks the M inducing inputs of every task
+    # a shared process has M inducing inputs like every other process
     smdgp = next(row for row in payload["elbo"] if row["model"] == "smdgp")
-    assert smdgp["inducing_per_layer"] == [settings["num_inducing"] * settings["num_tasks"],
-                                           settings["num_inducing"]]
+    assert smdgp["inducing_per_layer"] == [settings["num_inducing"]] * 2
 
     steps = {row["contender"]: row for row in payload["per_step_vs_gpytorch"]}
     assert set(steps) == {"ours (B rows, stacked)", "ours (B rows, stratified)",
@@ -53,14 +52,20 @@ def test_multitask_dgp_benchmark_quick(tmp_path):
     tasks = payload["tasks"]
     assert [row["T"] for row in tasks["rows"]] == settings["task_counts"]
     for row in tasks["rows"]:
-        assert row["smdgp_ms"] > 0 and row["idgp_ms"] > 0
-        assert row["shared_inducing"] == settings["num_inducing"] * row["T"]
+        assert row["smdgp_ms"] > 0 and row["cgp_ms"] > 0
+        assert row["inducing_per_process"] == settings["num_inducing"]
     for fit in tasks["fits"].values():
         assert set(fit) == {"ms_per_task", "intercept_ms", "loglog_exponent", "linear_fit_r2"}
 
+    convergence = {row["model"]: row for row in payload["convergence"]}
+    assert set(convergence) == set(settings["converge_models"])
+    assert [phase["model"] for phase in convergence["smdgp"]["phases"]] == ["igp", "smdgp"]
+    assert convergence["smdgp"]["elbo"] >= convergence["igp"]["elbo"] - 1e-3
+
     assert set(payload["targets"]) == {
         "per_step_2x_gpytorch", "per_step_2x_gpytorch_stratified", "per_step_2x_gpytorch_isotopic",
-        "smdgp_linear_in_tasks", "idgp_linear_in_tasks"}
+        "smdgp_linear_in_tasks", "cgp_linear_in_tasks",
+        *(f"{kind}_converges_within_60s" for kind in settings["converge_models"])}
     for target in payload["targets"].values():
         assert isinstance(target["met"], bool) and isinstance(target["value"], float)
 
@@ -79,9 +84,20 @@ def test_multitask_experiments_quick(tmp_path):
         assert len(runs) == len(settings["toy_seeds"])
         assert set(runs[0]["scores"]) == {"task 1 all", "task 2 out of gap", "task 2 in gap",
                                           "task 2 all"}
-    assert np.asarray(toy["runs"]["mmdgp"][0]["ard"]).shape == (2, 2)
-    assert set(toy["t9"]) >= {"smdgp", "mmdgp", "cgp_f2_rmse", "met"}
+        assert all(np.isfinite(run["elbo"]) and run["seconds"] > 0 for run in runs)
+    assert np.asarray(toy["runs"]["mmdgp"][0]["ard"]).shape == (2, 4)     # λ = (g: 2, h: 2)
+    assert set(toy["t9"]) >= {"mdgp_f2", "cgp_f2", "cgp1_f2", "wins_vs_cgp1", "wins_vs_cgp",
+                              "met", "met_rank1"}
     assert set(toy["t10"]) == {"mmdgp_gap_rmse", "idgp_gap_rmse", "wins", "seeds", "met"}
+    for kind, floor in toy["elbo_floor"].items():                # the deep models hold iGP
+        assert min(floor["elbo_minus_igp"]) >= -1e-3, kind
+    transfer = payload["transfer"]
+    assert len(transfer["ratios"]) == len(settings["transfer_seeds"])
+    for name in settings["real_sets"]:
+        real = payload["real"][name]
+        assert set(real["runs"]) == {"lr", *settings["real_models"]}
+        assert set(real["checks"]) == {"default_over_lr", "default_over_igp", "met"}
+        assert all(run["rmse"] > 0 for runs in real["runs"].values() for run in runs)
 
     for run in (run for runs in payload["digits"]["runs"].values() for run in runs):
         assert set(run["accuracy"]) == {"clean", "random background", "image background", "all"}

@@ -2,6 +2,7 @@
 heterotopic two-task data (long and wide form) against per-task constant predictors, one-line
 errors for bad input, and damaged or mislabelled files."""
 
+import argparse
 import json
 import math
 import re
@@ -9,7 +10,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from pyrogp_models.inference.cli import main
+from pyrogp_models.inference.cli import documented_parser, main
 from pyrogp_models.inference.multitask_fit import MultitaskSpec, fit_multitask_dgp
 from pyrogp_models.inference.trainer import TrainConfig
 
@@ -17,12 +18,11 @@ from helpers import resigned, run_failing, run_ok, write_csv
 from pyrogp_models.data import load_table
 from pyrogp_models.errors import ModuleFileError
 from pyrogp_models.models.multitask import toy_tasks
-from pyrogp_models.models.multitask.files import (
-    file_format,
-    load_multitask,
-    save_multitask,
-)
+from pyrogp_models.models.multitask.families import SUMMARIES
+from pyrogp_models.models.multitask.files import load_multitask, save_multitask
+from pyrogp_models.models.multitask.options import MAX_DEFAULT_INDUCING
 from pyrogp_models.modules.files import load_module
+from pyrogp_models.modules.signed import file_format
 
 FIT = ["--inducing", "8", "--steps", "200"]
 
@@ -103,6 +103,12 @@ def test_fit_info_predict_evaluate_beat_a_constant_per_task(capsys, folder, fitt
     counts = [int((train.column("task") == t).sum()) for t in range(2)]
     assert re.search(rf"^0\s+{counts[0]}\s", info, re.M) and re.search(rf"^1\s+{counts[1]}\s",
                                                                        info, re.M)
+    summary = json.loads(run_ok(capsys, "info", fitted, "--json"))
+    phases = summary["phases"]
+    assert [phase["model"] for phase in phases] == ["igp", "smdgp"]
+    assert summary["elbo"] >= phases[0]["elbo"] - 1e-3          # never below the iGP it holds
+    assert summary["steps"] == sum(phase["steps"] for phase in phases)
+    assert f"fit: final ELBO {summary['elbo']:.6g}" in info
 
     run_ok(capsys, "predict", fitted, "--data", held_out_csv, "--out", folder / "pred.csv")
     predictions = load_table(folder / "pred.csv")
@@ -137,7 +143,7 @@ def test_wide_form_classification_beats_the_majority_class(capsys, folder):
     train_csv = write_csv(folder / "labels_train.csv", train)
     held_out_csv = write_csv(folder / "labels_test.csv", test)
     out = folder / "labels.safetensors"
-    printed = run_ok(capsys, "--threads", "1", "fit-multitask", train_csv, "--target", "a", "b",
+    printed = run_ok(capsys, "--threads", "1", "fit-multitask", train_csv, "--target", "a,b",
                      "--model", "igp", "--likelihood", "bernoulli", *FIT, "--out", out)
     assert re.search(rf"^a\s+{int(np.isfinite(train['a']).sum())}$", printed, re.M)
     assert "ELBO" in printed and " s; written to " in printed
@@ -159,12 +165,21 @@ def test_wide_form_classification_beats_the_majority_class(capsys, folder):
                                          + np.isfinite(test["b"]).sum())
 
 
-def test_help_names_every_model_in_one_line(capsys):
-    text = run_ok(capsys, "fit-multitask", "--help")
-    for kind in ("smdgp", "mmdgp", "cmdgp", "idgp", "igp", "cgp"):
-        assert re.search(rf"^  {kind}\s+\S.*$", text, re.M), kind
-    assert "(default: smdgp)" in text and "(default: 20)" in text
+def test_help_names_every_model_and_the_default_size(capsys):
+    """The terminal's help (written without importing the models) names every model the
+    library registers and its default M; the documentation's describes each in one line."""
+    text = " ".join(run_ok(capsys, "fit-multitask", "--help").split())
+    for kind in SUMMARIES:
+        assert re.search(rf"\b{kind}\b", text), kind
+    assert "(default: smdgp)" in text
+    assert (f"(default: the rows of the largest task, all of them up to "
+            f"{MAX_DEFAULT_INDUCING})") in text
     assert "fit-multitask" in run_ok(capsys, "--help")
+    (action,) = [a for a in documented_parser()._actions
+                 if isinstance(a, argparse._SubParsersAction)]
+    epilog = action.choices["fit-multitask"].epilog
+    for kind, summary in SUMMARIES.items():
+        assert re.search(rf"^  {kind}\s+{re.escape(summary)}$", epilog, re.M), kind
 
 
 # Bad input -----------------------------------------------------------------------------------
@@ -188,7 +203,7 @@ BAD_FITS = {
     "missing target column": ("data", ["--task-column", "task", "--target", "nope"],
                               "unknown column 'nope'"),
     "missing feature column": ("data", [*LONG, "--features", "x,zz"], "unknown column 'zz'"),
-    "a task with no rows": ("empty", ["--target", "a", "b", "c"],
+    "a task with no rows": ("empty", ["--target", "a,b,c"],
                             "task c has no rows: its target column holds no value"),
     "bernoulli label 0.5": ("half", [*LONG, "--likelihood", "bernoulli"],
                             "column 'y', task 1: labels must be 0 or 1"),
@@ -197,9 +212,9 @@ BAD_FITS = {
     "NaN feature": ("nan_x", LONG, "column 'x' contains NaN or inf (first at row 5)"),
     "NaN target": ("nan_y", LONG, "column 'y' contains NaN or inf (first at row 7)"),
     "one target, no task column": ("data", ["--target", "y"], "give --task-column"),
-    "task column with two targets": ("data", ["--task-column", "task", "--target", "x", "y"],
+    "task column with two targets": ("data", ["--task-column", "task", "--target", "x,y"],
                                      "takes one --target column"),
-    "a target twice": ("data", ["--target", "y", "y"], "name a column twice: y y"),
+    "a target twice": ("data", ["--target", "y,y"], "name a column twice: y y"),
     "task column as target": ("data", ["--task-column", "y", "--target", "y"],
                               "name a column twice: y y"),
     "target as feature": ("data", [*LONG, "--features", "x,y"], "both features and target"),

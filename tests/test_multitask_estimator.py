@@ -53,7 +53,7 @@ def test_igp_with_optimal_q_at_the_data_is_the_exact_log_marginal_likelihood():
     data, _ = toy_data(12)
     layout = TaskLayout.of(data.task, 2)
     X = layout.gather(data.X, 1)                                     # [T, N, 1], equal N^t
-    init = Initialisation(X.clone(), torch.eye(1), torch.Generator().manual_seed(0))
+    init = Initialisation(X.clone(), X[0].clone(), torch.eye(1), torch.Generator().manual_seed(0))
     model = randomise(IGP(MultitaskOptions(num_inducing=12, jitter=1e-9), init, data))
     layer, noise = model.top.layer, model.likelihood.variance
     y = layout.gather(data.y)
@@ -128,8 +128,8 @@ def gpytorch_elbo(model, coregionalised: bool):
     with torch.no_grad():
         distribution = reference.variational_strategy.base_variational_strategy
         distribution._variational_distribution.variational_mean.copy_(layer.q_mean.squeeze(1))
-        distribution._variational_distribution.chol_variational_covar.copy_(
-            layer.q_sqrt.squeeze(1))
+        chol = layer.q_sqrt if layer.covariance == "meanfield" else diagonal_blocks(layer)
+        distribution._variational_distribution.chol_variational_covar.copy_(chol.squeeze(1))
         distribution.variational_params_initialized.fill_(1)
         reference.covar_module.base_kernel.lengthscale = layer.kernel.lengthscale.detach() \
             .expand(*batch, 1, -1)
@@ -146,11 +146,21 @@ def gpytorch_elbo(model, coregionalised: bool):
     return float(elbo(output, model.data_y)) * len(model.data_y) + jitter_term
 
 
+def diagonal_blocks(layer) -> torch.Tensor:
+    """The [R, 1, M, M] diagonal blocks of a joint q_sqrt [R·M, R·M]."""
+    size = layer.num_inducing
+    return torch.stack([layer.q_sqrt[r * size:(r + 1) * size, r * size:(r + 1) * size]
+                        for r in range(layer.q_mean.shape[0])]).unsqueeze(1)
+
+
 @pytest.mark.parametrize("kind", ["igp", "cgp"])
 def test_igp_and_cgp_match_gpytorch_multitask_strategies(kind):
+    """cGP's joint q is made block-diagonal: GPyTorch's LMC has a q per latent GP."""
     model = randomise(toy_model(kind, gap=(0.3, 0.6), coregionalisation="lmc",
                                 top_variance=1.3))
     with torch.no_grad():
+        if model.top.layer.covariance == "joint":
+            model.top.layer.q_sqrt = torch.block_diag(*diagonal_blocks(model.top.layer)[:, 0])
         model.likelihood.variance = torch.full((2,), 0.07)            # one noise, as GPyTorch's
         model.top.layer.kernel.lengthscale = torch.rand(
             model.top.layer.kernel.lengthscale.shape, generator=torch.Generator().manual_seed(3)
@@ -383,11 +393,12 @@ def test_long_and_list_formats_give_the_same_elbo():
 @pytest.mark.parametrize("kind", ["mmdgp", "cmdgp", "cgp"])
 def test_the_kl_is_the_sum_of_every_layers_whitened_kl(kind):
     model = randomise(toy_model(kind))
-    expected = sum(kl_divergence(
-        MultivariateNormal(layer.q_mean, scale_tril=layer.q_sqrt),
-        MultivariateNormal(torch.zeros_like(layer.q_mean),
-                           scale_tril=torch.eye(layer.num_inducing))).sum()
-        for _, layer in model.variational_sites())
+    def kl(layer):
+        mean = layer.q_mean if layer.covariance == "meanfield" else layer.q_mean.reshape(-1)
+        return kl_divergence(MultivariateNormal(mean, scale_tril=layer.q_sqrt),
+                             MultivariateNormal(torch.zeros_like(mean), scale_tril=torch.eye(
+                                 layer.q_sqrt.shape[-1]))).sum()
+    expected = sum(kl(layer) for _, layer in model.variational_sites())
     assert float(model.kl()) == pytest.approx(float(expected), rel=1e-10)
 
 
@@ -397,14 +408,14 @@ def test_the_initialisation_follows_the_spec():
                                           data.task, data.y, 3),
                         MultitaskOptions(num_inducing=6, inner_width=2))
     shared, private = model.latent.shared, model.latent.private
-    assert (shared.width, private.width) == (1, 1)                  # W = 2, half each
-    assert shared.layer.num_inducing == 18 and private.layer.num_inducing == 6   # M·T and M
-    assert torch.allclose(shared.layer.q_sqrt, 1e-5 * torch.eye(18), rtol=1e-12, atol=0)
+    assert (shared.width, private.width) == (2, 2)                  # W = 2 each
+    assert shared.layer.num_inducing == 6 and private.layer.num_inducing == 6   # M and M
+    assert torch.allclose(shared.layer.q_sqrt, torch.eye(6), rtol=1e-12, atol=0)   # the prior
     assert torch.allclose(model.top.layer.q_sqrt, torch.eye(6), rtol=1e-12, atol=0)
     assert float(private.layer.kernel.variance[0, 0]) != float(shared.layer.kernel.variance[0])
     centred = model.data_X - model.data_X.mean(0)                    # D = 3 > W: PCA mean
-    first = torch.linalg.svd(centred).Vh[0]
-    assert abs(float(shared.mean_weights[:, 0] @ first)) == pytest.approx(1.0, rel=1e-10)
+    first = torch.linalg.svd(centred).Vh[:2]
+    assert torch.allclose((shared.mean_weights.mT @ first.mT).abs(), torch.eye(2), atol=1e-10)
     top_inducing = model.top.layer.inducing.squeeze(1)              # Z^t pushed through m
     own = private.layer.inducing[:, 0, 0]
     assert torch.allclose(top_inducing, torch.cat([own @ shared.mean_weights,
@@ -415,7 +426,8 @@ def test_the_initialisation_follows_the_spec():
 
 # T11 ------------------------------------------------------------------------------------------
 def test_prior_tasks_are_uncorrelated_but_dependent():
-    model = toy_model("mmdgp", shared_variance=1.0, private_variance=0.1, top_lengthscale=1.0)
+    model = toy_model("mmdgp", shared_variance=1.0, private_variance=0.1, top_lengthscale=1.0,
+                      top_mean="zero")
     with torch.no_grad():
         for _, layer in model.variational_sites():                  # q(v) = p(v): prior draws
             layer.set_whitened_posterior(torch.zeros_like(layer.q_mean),

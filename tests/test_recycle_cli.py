@@ -19,6 +19,7 @@ from helpers import (
     write_csv,
 )
 from pyrogp_models.data import Standardisation, load_table
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.kernels import stationary_kernel
 from pyrogp_models.modules.files import load_module, load_modules, save_modules
 from pyrogp_models.modules.record import Module
@@ -79,7 +80,7 @@ def test_fit_recycle_evaluate_and_recycle_again(capsys, folder, data_csv, test_c
     assert "recycled 3 modules (N = 150)" in out and "M = 12" in out
     meta = load_module(folder / "meta.safetensors")
     assert meta.num_inducing == 12 and meta.num_data == 150
-    assert meta.info["features"] == ["x"] and meta.info["target"] == "y"
+    assert meta.columns == Columns(["x"], "y")
     assert meta.info["modules"] == ["part000", "part001", "part002"]
     assert meta.info["recycle"]["collapsed"] is True
 
@@ -103,7 +104,7 @@ def test_fit_recycle_evaluate_and_recycle_again(capsys, folder, data_csv, test_c
                  "--out", folder / "pyramid.safetensors")
     assert "recycled 1 module (N = 150)" in out
     pyramid = load_module(folder / "pyramid.safetensors")
-    assert pyramid.info["modules"] == ["meta"] and pyramid.info["target"] == "y"
+    assert pyramid.info["modules"] == ["meta"] and pyramid.columns.target == "y"
     out = run_ok(capsys, "info", folder / "pyramid.safetensors")
     assert "pyramid" in out and "features: x; target: y" in out
     assert_near_the_exact_gp(json.loads(run_ok(capsys, "evaluate",
@@ -147,7 +148,7 @@ def test_bad_inputs_give_one_line_errors(capsys, folder, data_csv, modules_dir):
     save_modules(mixed, folder / "mixed")
     message = run_failing(capsys, "recycle", folder / "mixed", "--inducing", 5,
                           "--out", folder / "x")
-    assert "foreign" in message and "other feature or target columns" in message
+    assert "'foreign' differ" in message and "data columns" in message
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +163,7 @@ def unbounded_dir(folder):
             stationary_kernel("rbf", torch.tensor([[0.3]]), torch.tensor([2.0]), 1), "gaussian",
             {},
             {"variance": torch.tensor(0.1)}, Z, torch.randn(1, 5), torch.eye(5).unsqueeze(0),
-            10, 0.0, identity, 1e-9, {"name": f"o{k}", "features": ["x"], "target": "y"})
+            10, 0.0, identity, 1e-9, {"name": f"o{k}"}, columns=Columns(["x"], "y"))
     return save_modules(modules, folder / "unbounded")
 
 
@@ -204,14 +205,14 @@ def test_unbounded_collapsed_fit_names_the_flag(capsys, folder, unbounded_dir):
 
 def test_unbounded_after_repair_does_not_advise_the_repair(capsys, folder, unbounded_dir,
                                                            monkeypatch):
-    from pyrogp_models.inference.commands import recycle as command
+    from pyrogp_models.inference import recycling
 
     from pyrogp_models.errors import UnboundedBoundError
 
     def unbounded(*args, **kwargs):
         raise UnboundedBoundError("Python advice: repair_sites=True", -2.5, ["o1"])
 
-    monkeypatch.setattr(command, "recycle", unbounded)
+    monkeypatch.setattr(recycling, "recycle", unbounded)
     message = run_failing(capsys, "recycle", unbounded_dir, "--inducing", 8,
                           "--on-unbounded", "repair", "--out", folder / "never")
     assert "λ_min(Λ_w) = -2.5" in message and "o1" in message
@@ -243,4 +244,4 @@ def test_demo_runs_end_to_end(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "pipeline.png").stat().st_size > 10_000
     assert len(load_modules(tmp_path / "modules")) == settings.num_partitions
     meta = load_module(tmp_path / "meta.safetensors")
-    assert meta.num_inducing == settings.global_inducing and meta.info["target"]
+    assert meta.num_inducing == settings.global_inducing and meta.columns.target

@@ -8,16 +8,19 @@ import torch
 from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
 from pyrogp_models.inference.trainer import TrainConfig
 
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import partition_by_label, partition_kmeans, partition_random
-from pyrogp_models.errors import DataError, IncompatibleModulesError, ModuleFileError
+from pyrogp_models.errors import (
+    DataError,
+    IncompatibleModulesError,
+    ModuleFileError,
+    UnroutableModulesError,
+)
+from pyrogp_models.io import load_predictor
 from pyrogp_models.modules.files import save_modules
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
-from pyrogp_models.modules.routing import (
-    RoutedModules,
-    as_predictor,
-    load_predictor,
-)
+from pyrogp_models.modules.routing import RoutedModules, as_predictor
 
 FEW_STEPS = TrainConfig(steps=10, tol=None)
 
@@ -93,9 +96,9 @@ def test_label_routing_uses_the_module_of_each_label(data, label_fit):
 def test_random_partitions_cannot_be_routed(data, kmeans_fit):
     fit, _ = kmeans_fit
     rule = partition_random(len(data[0]), 3, seed=0).rule
-    with pytest.raises(DataError, match="--rule"):
+    with pytest.raises(UnroutableModulesError, match="product-of-experts rule"):
         RoutedModules(fit.modules, rule)
-    with pytest.raises(DataError, match="--rule"):
+    with pytest.raises(UnroutableModulesError, match="product-of-experts rule"):
         as_predictor(fit.modules)
 
 
@@ -123,6 +126,6 @@ def test_predictors_follow_the_protocol(tmp_path, data, kmeans_fit):
     save_modules(fit.modules, tmp_path / "modules", partition.rule)
     loaded = load_predictor(tmp_path / "modules")
     assert isinstance(loaded, RoutedModules) and isinstance(loaded, Predictor)
-    assert loaded.feature_names is None and loaded.target_name is None
+    assert loaded.columns == Columns()
     torch.testing.assert_close(loaded.predict_y(X)[0],
                                RoutedModules(fit.modules, partition.rule).predict_y(X)[0])

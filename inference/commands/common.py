@@ -1,5 +1,8 @@
-"""Helpers shared by the command modules: predictors from module paths, inputs, safe writes,
-reports of module sets and warnings as one line."""
+"""What the commands share when they run: the output check, predictors and inputs from the
+arguments, the columns of a data table, safe writes of module folders and warnings as one line.
+
+Imported by the commands' ``run`` only (it imports the library), never when the parser is built.
+"""
 
 from __future__ import annotations
 
@@ -13,115 +16,48 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from pyrogp_models.inference.health import elbo_per_point, module_flags
-from pyrogp_models.inference.tables import format_table
 
+from pyrogp_models import io
 from pyrogp_models.data import Table, require_finite
-from pyrogp_models.errors import DataError, ModuleFileError, NotConvergedWarning, PyrogpError
-from pyrogp_models.models.distributed_kernel.files import is_distributed_kernel_file
-from pyrogp_models.modules.files import (
-    INDEX_NAME,
-    SUFFIX,
-    load_modules_from,
-    partition_rule,
-    read_index,
-    resolve_path,
-    save_modules,
+from pyrogp_models.data.columns import Columns
+from pyrogp_models.errors import (
+    DataError,
+    ModuleFileError,
+    NotConvergedWarning,
+    PyrogpError,
+    UnroutableModulesError,
 )
+from pyrogp_models.io.formats import MODULE_FOLDER
+from pyrogp_models.modules.files import INDEX_NAME, SUFFIX, read_index, save_modules
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
-from pyrogp_models.modules.routing import as_predictor, load_predictor
-from pyrogp_models.modules.signed import FORMAT_NAMES, file_format
+from pyrogp_models.modules.routing import RoutedModules
+from pyrogp_models.modules.signed import file_format
+
+#: The output of ``predict``: a table of predictions, any existing file of that name replaced.
+PREDICTIONS = "predictions"
+LINKED_LIKELIHOODS = ("bernoulli", "categorical")
 
 
-# Reading modules ------------------------------------------------------------------------------
-def add_predictor_arguments(parser: argparse.ArgumentParser) -> None:
-    """The module path, the data file and the optional expert-combination settings."""
-    parser.add_argument("modules", metavar="MODULE_OR_DIR", type=Path,
-                        help="a module file, a folder of modules, or a distributed-kernel or "
-                             "multitask model file")
-    parser.add_argument("--data", required=True, type=Path, help="CSV (with header) or .npz")
-    parser.add_argument("--rule", help="combine all modules by this product-of-experts rule "
-                                       "instead of routing each point to one module")
-    parser.add_argument("--weights", help="expert weighting for --rule")
-    parser.add_argument("--temperature", type=float, help="softmax temperature for --rule")
-
-
-def predictor_from_args(args: argparse.Namespace
-                        ) -> tuple[Predictor, dict[str, Module], dict | None]:
-    """The predictor asked for by the arguments, its modules and their partition rule.
-
-    A distributed-kernel file is one predictor that stands in for its own module (it has the
-    ``info`` and ``input_dim`` that :func:`read_inputs` reads) and has no partition rule."""
-    args.modules = resolve_path(args.modules)
-    if is_distributed_kernel_file(args.modules):
-        if (args.rule, args.weights, args.temperature) != (None, None, None):
-            raise DataError("--rule, --weights and --temperature combine modules; a "
-                            "distributed-kernel file is a single model")
-        predictor = load_predictor(args.modules)
-        return predictor, {args.modules.name: predictor}, None
-    modules = load_modules_from(args.modules)
-    rule = partition_rule(args.modules)
-    if args.rule is None:
-        if args.weights is not None or args.temperature is not None:
-            raise DataError("--weights and --temperature only apply together with --rule")
-        return as_predictor(modules, rule), modules, rule
-    try:
-        from pyrogp_models.models.experts.predictor import ExpertCombination
-    except ImportError as error:
-        raise PyrogpError(f"--rule needs pyrogp_models.models.experts.predictor, which cannot be "
-                          f"imported ({error})") from None
-    combination = ExpertCombination(modules, args.rule, weights=args.weights,
-                                    temperature=args.temperature)
-    return combination, modules, rule
-
-
-def read_inputs(table: Table, modules: dict[str, Module], rule: dict | None,
-                exclude: tuple[str, ...] = ()
-                ) -> tuple[list[str], np.ndarray, np.ndarray | None]:
-    """Feature names, inputs X [N, D] and (for label-partitioned modules) the labels.
-
-    Features are the names stored in the modules; modules without them take every column except
-    ``exclude`` and the label column.
-    """
-    label_column = rule["column"] if rule and rule.get("kind") == "label" else None
-    first = next(iter(modules.values()))
-    features = first.info.get("features")
-    if features is None:
-        features = [name for name in table.columns if name not in {*exclude, label_column}]
-    if len(features) != first.input_dim:
-        raise DataError(f"the modules take {first.input_dim} inputs but {len(features)} "
-                        f"feature columns were found: {', '.join(features)}")
-    X = table.select(features)
-    for j, name in enumerate(features):
-        require_finite(X[:, j], f"column '{name}'")
-    labels = None
-    if label_column is not None:
-        labels = table.column(label_column)
-        require_finite(labels, f"column '{label_column}'")
-    return features, X, labels
-
-
-# Writing module folders ---------------------------------------------------------------------
-def check_output_folder(folder: Path) -> None:
-    """Refuse to write into anything but a new path, an empty folder or a module folder."""
-    if not folder.exists():
-        return
-    if folder.is_dir() and (not any(folder.iterdir()) or _is_module_folder(folder)):
-        return
-    raise DataError(f"output {folder} exists and is not a module folder; refusing to overwrite "
-                    "it (choose another --out)")
-
-
-def check_output_file(path: Path, expected: str) -> None:
-    """Refuse to write anything but a new file in an existing folder or a file of the format
-    ``expected`` (:data:`~pyrogp_models.modules.signed.FORMAT_NAMES`) to replace."""
+# The output, checked before any work ------------------------------------------------------------
+def check_output(path: Path, kind: str) -> None:
+    """Refuse, before anything is fitted, an ``--out`` that cannot or must not be written: its
+    folder must exist, a file output must not be a folder, and what it would replace must be of
+    its own kind — an empty folder or a module folder for a module folder (``kind``
+    :data:`~pyrogp_models.io.formats.MODULE_FOLDER`), a file of the same format for a model
+    file (``kind`` a format name), any file for :data:`PREDICTIONS`."""
     if not path.parent.is_dir():
         raise DataError(f"{path}: the output folder {path.parent} does not exist")
+    if kind == MODULE_FOLDER:
+        if path.exists() and not (path.is_dir() and (not any(path.iterdir())
+                                                     or _is_module_folder(path))):
+            raise DataError(f"output {path} exists and is not a module folder; refusing to "
+                            "overwrite it (choose another --out)")
+        return
     if path.is_dir():
         raise DataError(f"{path} is a folder; --out needs a file name")
-    if path.exists() and file_format(path) != expected:
-        raise DataError(f"output {path} exists and is not {FORMAT_NAMES[expected]}; refusing to "
+    if kind != PREDICTIONS and path.exists() and file_format(path) != kind:
+        raise DataError(f"output {path} exists and is not {io.FORMATS[kind].noun}; refusing to "
                         "overwrite it (choose another --out)")
 
 
@@ -140,8 +76,7 @@ def write_module_folder(modules: dict[str, Module], folder: Path, rule: dict) ->
     place; an existing module folder receives the new files by rename, its index last, and loses
     the module files only its old index named.
     """
-    check_output_folder(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    check_output(folder, MODULE_FOLDER)
     staging = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
     try:
         save_modules(modules, staging, rule)
@@ -161,47 +96,105 @@ def write_module_folder(modules: dict[str, Module], folder: Path, rule: dict) ->
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def describe_rule(rule: dict | None) -> str:
-    """One phrase naming a partition rule, e.g. ``contiguous along input 0, 4 partitions``."""
-    if not rule:
-        return "none"
-    kind, count = rule["kind"], rule["num_partitions"]
-    detail = {"contiguous": f" along input {rule.get('dim')}",
-              "label": f" by column '{rule.get('column')}'"}.get(kind, "")
-    return f"{kind}{detail}, {count} partition{'s' if count != 1 else ''}"
+# Reading models and inputs --------------------------------------------------------------------
+def predictor_from_args(args: argparse.Namespace) -> Predictor:
+    """The predictor the arguments ask for: the file's own (:func:`pyrogp_models.io.
+    load_predictor`), or with ``--rule`` the file's modules combined by that rule."""
+    if args.rule is None:
+        if args.weights is not None or args.temperature is not None:
+            raise DataError("--weights and --temperature only apply together with --rule")
+        try:
+            return io.load_predictor(args.modules)
+        except UnroutableModulesError as error:
+            raise DataError(f"{error.reason}; combine them with --rule RULE (products of "
+                            "experts) instead") from None
+    fmt = io.format_of(args.modules)
+    if not fmt.holds_modules:
+        raise DataError(f"--rule, --weights and --temperature combine modules; "
+                        f"{fmt.noun} is a single model")
+    try:
+        from pyrogp_models.models.experts.predictor import ExpertCombination
+    except ImportError as error:
+        raise PyrogpError(f"--rule needs pyrogp_models.models.experts.predictor, which cannot be "
+                          f"imported ({error})") from None
+    return ExpertCombination(io.load_modules(args.modules).modules, args.rule,
+                             weights=args.weights, temperature=args.temperature)
 
 
-# Reports ---------------------------------------------------------------------------------------
-#: Module sets up to this size are printed row by row; larger ones as a summary.
-MAX_ROWS = 20
+def read_inputs(table: Table, predictor: Predictor, exclude: tuple[str, ...] = ()
+                ) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    """Feature names, inputs X [N, D] and (for modules routed by a label column) the labels.
+
+    Features are the names the model records; a model without them takes every column except
+    ``exclude`` and the label column.
+    """
+    rule = predictor.rule if isinstance(predictor, RoutedModules) else None
+    label_column = rule["column"] if rule and rule.get("kind") == "label" else None
+    features = predictor.columns.features
+    if features is None:
+        features = [name for name in table.columns if name not in {*exclude, label_column}]
+    if len(features) != predictor.input_dim:
+        raise DataError(f"the model takes {predictor.input_dim} inputs but {len(features)} "
+                        f"feature columns were found: {', '.join(features)}")
+    X = table.select(list(features))
+    for j, name in enumerate(features):
+        require_finite(X[:, j], f"column '{name}'")
+    labels = None
+    if label_column is not None:
+        labels = table.column(label_column)
+        require_finite(labels, f"column '{label_column}'")
+    return list(features), X, labels
 
 
-def report_modules(modules: dict[str, Module], columns: dict, verbose: bool = False) -> str:
-    """A table of the modules (``columns``: header → function of a module), with a "flags"
-    column naming outliers and unconverged fits (:mod:`pyrogp_models.inference.health`); beyond
-    :data:`MAX_ROWS` modules (unless ``verbose``) a summary instead: the count, quantiles of the
-    ELBO per point, the five worst modules and the flagged ones."""
-    flags = module_flags(modules)
-    if verbose or len(modules) <= MAX_ROWS:
-        rows = [(name, *(value(module) for value in columns.values()),
-                 ", ".join(flags.get(name, [])) or "-") for name, module in modules.items()]
-        return format_table(["module", *columns, "flags"], rows)
-    per_point = elbo_per_point(modules)
-    quantiles = np.quantile(per_point, [0.0, 0.05, 0.5, 0.95, 1.0])
-    names = list(modules)
-    worst = [f"{names[k]} ({per_point[k]:.3g})" for k in np.argsort(per_point)[:5]]
-    lines = [f"{len(modules)} modules; ELBO per point: min {quantiles[0]:.4g}, 5% "
-             f"{quantiles[1]:.4g}, median {quantiles[2]:.4g}, 95% {quantiles[3]:.4g}, max "
-             f"{quantiles[4]:.4g}", f"lowest ELBO per point: {', '.join(worst)}"]
-    for flag in ("outlier", "not converged"):
-        flagged = [name for name, found in flags.items() if flag in found]
-        if flagged:
-            shown = ", ".join(flagged[:10]) + (" and more" if len(flagged) > 10 else "")
-            lines.append(f"{len(flagged)} {'outliers' if flag == 'outlier' else flag}: {shown}")
-    lines.append("(--verbose lists every module)")
-    return "\n".join(lines)
+# Columns of a data table ----------------------------------------------------------------------
+def feature_columns(table: Table, targets: list[str], listed: str | None,
+                    others: tuple[str, ...] = ()) -> list[str]:
+    """The ``--features`` named (comma-separated), or every column of ``table`` but the target
+    column(s) and ``others`` (a partition or task column)."""
+    for name in targets:
+        table.column(name)
+    if listed is None:
+        return [name for name in table.columns if name not in {*targets, *others}]
+    return column_list(listed, "--features")
 
 
+def column_list(text: str, flag: str) -> list[str]:
+    """Comma-separated column names of ``flag``."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise DataError(f"{flag} has an empty column name: '{text}'")
+    return names
+
+
+def data_columns(features: list[str], target: str | None, units: str | None) -> Columns:
+    """The columns a fit records, with the ``--units`` given (``COL=UNIT,...``)."""
+    named: dict[str, str] = {}
+    for item in column_list(units, "--units") if units else []:
+        column, equals, unit = item.partition("=")
+        if not equals or not column.strip() or not unit.strip():
+            raise DataError(f"--units takes COL=UNIT pairs, got '{item}'")
+        if column.strip() not in {*features, target}:
+            raise DataError(f"--units names '{column.strip()}', which is neither a feature nor "
+                            "the target")
+        named[column.strip()] = unit.strip()
+    return Columns(features, target, named)
+
+
+def likelihood_options(args: argparse.Namespace, y: np.ndarray) -> dict:
+    """The options of ``--likelihood``: ``--link``, and ``--classes`` (default: the largest
+    label + 1) for categorical."""
+    if args.link is not None and args.likelihood not in LINKED_LIKELIHOODS:
+        raise DataError(f"--link applies to {' and '.join(LINKED_LIKELIHOODS)} likelihoods, "
+                        f"not {args.likelihood}")
+    if args.classes is not None and args.likelihood != "categorical":
+        raise DataError("--classes applies to the categorical likelihood only")
+    options = {} if args.link is None else {"link": args.link}
+    if args.likelihood == "categorical":
+        options["num_classes"] = args.classes or max(2, int(y.max()) + 1)
+    return options
+
+
+# Warnings -------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def one_line_warnings(advice: str) -> Iterator[None]:
     """Print a fit's :class:`NotConvergedWarning` as one ``pyrogp: warning:`` line ending in

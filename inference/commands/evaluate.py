@@ -7,21 +7,7 @@ import argparse
 import json
 import math
 
-import numpy as np
-import torch
-from pyrogp_models.inference.commands.common import (
-    add_predictor_arguments,
-    predictor_from_args,
-    read_inputs,
-)
-from pyrogp_models.inference.commands.multitask_inputs import multitask_from_args
-from pyrogp_models.inference.metrics import classification_report, regression_report
-from pyrogp_models.inference.tables import format_table
-
-from pyrogp_models.data import load_table, require_finite
-from pyrogp_models.errors import DataError
-from pyrogp_models.models.multitask.files import is_multitask_file
-from pyrogp_models.modules.files import resolve_path
+from pyrogp_models.inference.commands.arguments import add_predictor_arguments
 
 NAME = "evaluate"
 HELP = ("score a module, a module folder or a model file on labelled data (NLPD, RMSE, "
@@ -37,16 +23,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if is_multitask_file(resolve_path(args.modules)):
+    import torch
+    from pyrogp_models.inference.commands.common import predictor_from_args, read_inputs
+    from pyrogp_models.inference.commands.multitask_inputs import is_multitask
+
+    from pyrogp_models.data import load_table, require_finite
+    from pyrogp_models.errors import DataError
+    from pyrogp_models.text import format_table
+
+    if is_multitask(args.modules):
         return _evaluate_multitask(args)
-    predictor, modules, rule = predictor_from_args(args)
-    target = args.target or next(iter(modules.values())).info.get("target")
+    predictor = predictor_from_args(args)
+    target = args.target or predictor.columns.target
     if target is None:
-        raise DataError("the modules do not record their target column; pass --target")
+        raise DataError("the model does not record its target column; pass --target")
     table = load_table(args.data)
     y = table.column(target)
     require_finite(y, f"column '{target}'")
-    _, X, labels = read_inputs(table, modules, rule, exclude=(target,))
+    _, X, labels = read_inputs(table, predictor, exclude=(target,))
     with torch.no_grad():
         mean, var = predictor.predict_y(X, labels)
         log_density = predictor.log_predictive(X, y, labels)
@@ -61,6 +55,13 @@ def run(args: argparse.Namespace) -> int:
 def _evaluate_multitask(args: argparse.Namespace) -> int:
     """Metrics of a multitask file per task (the tasks with rows in the data) and over all
     rows."""
+    import numpy as np
+    import torch
+    from pyrogp_models.inference.commands.multitask_inputs import multitask_from_args
+
+    from pyrogp_models.data import load_table
+    from pyrogp_models.text import format_table
+
     predictor, layout = multitask_from_args(args)
     rows = layout.observations(load_table(args.data), args.target)
     with torch.no_grad():
@@ -90,6 +91,8 @@ def _evaluate_multitask(args: argparse.Namespace) -> int:
 
 
 def _report(is_classifier: bool, y, mean, var, log_density) -> dict[str, float | int]:
+    from pyrogp_models.inference.metrics import classification_report, regression_report
+
     if is_classifier:
         return classification_report(y, mean, log_density)
     return regression_report(y, mean, var, log_density)

@@ -10,21 +10,17 @@ fit solves q in closed form at every step; other settings run Pyro SVI.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
-from pyrogp_models.inference.commands.common import check_output_file, one_line_warnings
-from pyrogp_models.inference.commands.fit_local import _feature_names
-from pyrogp_models.inference.distributed_kernel_fit import (
-    DEFAULT_TRAIN_CONFIG,
-    DistributedKernelSpec,
-    fit_distributed_kernel,
+from pyrogp_models.inference.commands.arguments import (
+    LibraryNames,
+    add_data,
+    add_features,
+    add_float32,
+    add_seed,
+    add_units,
 )
-
-from pyrogp_models.data import load_table, split_features_target
-from pyrogp_models.errors import DataError
-from pyrogp_models.models.distributed_kernel.files import FORMAT, save_distributed_kernel
-from pyrogp_models.models.distributed_kernel.model import VARIATIONAL
+from pyrogp_models.inference.train_config import DISTRIBUTED_KERNEL_CONFIG
 
 NAME = "fit-distkernel"
 HELP = "fit a distributed-kernel sparse GP (a sum of local GPs) and save it as one file"
@@ -34,28 +30,33 @@ SINGLE_LATENT_LIKELIHOODS = ("gaussian", "bernoulli", "poisson")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("data", metavar="DATA", type=Path, help="CSV (with header) or .npz")
+    add_data(parser)
     parser.add_argument("--target", required=True, help="the column to predict")
-    parser.add_argument("--features", help="comma-separated feature columns (default: every "
-                                           "column but the target)")
+    add_features(parser)
+    add_units(parser)
     parser.add_argument("--regions", type=int, required=True, metavar="J",
                         help="number of regions (local GPs)")
     parser.add_argument("--inducing-per-region", type=int, required=True, metavar="M",
                         help="inducing inputs per region")
     parser.add_argument("--dim", type=int, help="input dimension to cut into regions (default: "
                                                 "the one with the largest range)")
-    parser.add_argument("--variational", default="meanfield", choices=VARIATIONAL,
+    parser.add_argument("--variational", default="meanfield", metavar="meanfield|joint",
+                        choices=LibraryNames(
+                            "pyrogp_models.models.distributed_kernel.model:VARIATIONAL"),
                         help="q factorised over regions, or one joint q (default: meanfield)")
     parser.add_argument("--likelihood", default="gaussian", choices=SINGLE_LATENT_LIKELIHOODS,
                         help="observation model (default: gaussian)")
     parser.add_argument("--link", help="bernoulli: logit|probit")
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
-    parser.add_argument("--steps", type=int, default=DEFAULT_TRAIN_CONFIG.steps,
-                        help="maximum optimiser steps; the fit stops earlier once converged "
-                             f"(default: {DEFAULT_TRAIN_CONFIG.steps})")
-    parser.add_argument("--lr", type=float, default=DEFAULT_TRAIN_CONFIG.lr,
-                        help=f"Adam learning rate (default: {DEFAULT_TRAIN_CONFIG.lr:g})")
-    parser.add_argument("--seed", type=int, default=DEFAULT_TRAIN_CONFIG.seed)
+    parser.add_argument("--steps", type=int, default=DISTRIBUTED_KERNEL_CONFIG.steps,
+                        metavar="N", help="maximum optimiser steps; the fit stops earlier once "
+                                          f"converged (default: "
+                                          f"{DISTRIBUTED_KERNEL_CONFIG.steps})")
+    parser.add_argument("--lr", type=float, default=DISTRIBUTED_KERNEL_CONFIG.lr, metavar="LR",
+                        help=f"Adam learning rate (default: {DISTRIBUTED_KERNEL_CONFIG.lr:g})")
+    add_seed(parser, "the inducing inputs and the training draws",
+             DISTRIBUTED_KERNEL_CONFIG.seed)
+    add_float32(parser)
     parser.add_argument("--time-budget", type=float, metavar="S",
                         help="stop after S seconds of optimisation")
     parser.add_argument("--out", required=True, type=Path, metavar="FILE",
@@ -63,17 +64,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    import torch
+    from pyrogp_models.inference.commands.common import (
+        check_output,
+        data_columns,
+        feature_columns,
+        one_line_warnings,
+    )
+    from pyrogp_models.inference.distributed_kernel_fit import (
+        DistributedKernelSpec,
+        fit_distributed_kernel,
+    )
+
+    from pyrogp_models.data import load_table, split_features_target
+    from pyrogp_models.models.distributed_kernel.files import (
+        DISTRIBUTED_KERNEL_FILE,
+        save_distributed_kernel,
+    )
+
     _check_settings(args)
-    check_output_file(args.out, FORMAT)
+    check_output(args.out, DISTRIBUTED_KERNEL_FILE.name)
     table = load_table(args.data)
-    features = _feature_names(table, args.target, args.features, None)
+    features = feature_columns(table, [args.target], args.features)
     X, y = split_features_target(table, args.target, features)
     spec = DistributedKernelSpec(
         args.regions, args.inducing_per_region, dim=args.dim, variational=args.variational,
         likelihood=args.likelihood,
         likelihood_options={} if args.link is None else {"link": args.link}, ard=args.ard,
-        info={"features": features, "target": args.target})
-    config = replace(DEFAULT_TRAIN_CONFIG, steps=args.steps, lr=args.lr, seed=args.seed,
+        columns=data_columns(features, args.target, args.units),
+        dtype=torch.float32 if args.float32 else torch.float64)
+    config = replace(DISTRIBUTED_KERNEL_CONFIG, steps=args.steps, lr=args.lr, seed=args.seed,
                      time_budget=args.time_budget)
     with one_line_warnings("raise --steps"):
         fit = fit_distributed_kernel((X, y), spec, config)
@@ -86,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_settings(args: argparse.Namespace) -> None:
+    from pyrogp_models.errors import DataError
+
     positive = {"--regions": args.regions, "--inducing-per-region": args.inducing_per_region,
                 "--steps": args.steps, "--lr": args.lr, "--time-budget": args.time_budget}
     for flag, value in positive.items():

@@ -3,56 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import torch
-from pyrogp_models.inference.commands.common import (
-    MAX_ROWS,
-    check_output_folder,
-    describe_rule,
-    one_line_warnings,
-    report_modules,
-    write_module_folder,
+from pyrogp_models.inference.commands.arguments import (
+    LIKELIHOOD_NAMES,
+    add_data,
+    add_features,
+    add_float32,
+    add_kernel,
+    add_seed,
+    add_units,
 )
-from pyrogp_models.inference.commands.kernel_option import add_kernel_argument
-from pyrogp_models.inference.executors import fit_local_on
-from pyrogp_models.inference.local_fit import (
+from pyrogp_models.inference.train_config import (
     COLLAPSED_CONFIG,
     MINIBATCH_NATURAL_GRADIENT,
     UNCOLLAPSED_CONFIG,
-    LocalFitSpec,
-    collapsed_bound,
-    default_config,
 )
-from pyrogp_models.inference.trainer import TrainConfig
-
-from pyrogp_models.data import Table, load_table, split_features_target
-from pyrogp_models.data.partitioners import (
-    Partition,
-    partition_by_label,
-    partition_contiguous,
-    partition_kmeans,
-    partition_random,
-)
-from pyrogp_models.errors import DataError
-from pyrogp_models.likelihoods import LIKELIHOODS
 
 NAME = "fit-local"
 HELP = "fit one sparse GP per partition of the data and save them as a module folder"
 
 PARTITION_KINDS = ("random", "kmeans", "contiguous")
-LINKED_LIKELIHOODS = ("bernoulli", "categorical")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("data", metavar="DATA", type=Path, help="CSV (with header) or .npz")
+    add_data(parser)
     parser.add_argument("--target", required=True, help="the column to predict")
-    parser.add_argument("--features", help="comma-separated feature columns (default: every "
-                                           "column but the target and the partition column)")
+    add_features(parser, "the target and the partition column")
+    add_units(parser)
     parser.add_argument("--partitions", type=int, metavar="K",
                         help="number of partitions (not needed with --partition-by COLUMN)")
     parser.add_argument("--partition-by", default="kmeans",
@@ -63,12 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="input dimension cut into blocks by --partition-by contiguous")
     parser.add_argument("--inducing", type=int, required=True, metavar="M",
                         help="inducing inputs per partition")
-    parser.add_argument("--likelihood", default="gaussian", choices=sorted(LIKELIHOODS),
-                        help="observation model (default: gaussian)")
+    parser.add_argument("--likelihood", default="gaussian", choices=LIKELIHOOD_NAMES,
+                        metavar="NAME", help="observation model: a likelihood of the library "
+                                             "(default: gaussian)")
     parser.add_argument("--classes", type=int, metavar="C",
                         help="number of classes for categorical (default: largest label + 1)")
     parser.add_argument("--link", help="bernoulli: logit|probit; categorical: softmax|robustmax")
-    add_kernel_argument(parser)
+    add_kernel(parser)
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
     parser.add_argument("--steps", type=int, metavar="N",
                         help=f"maximum optimiser steps (default: {COLLAPSED_CONFIG.steps} "
@@ -91,20 +70,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bound.add_argument("--uncollapsed", action="store_true",
                        help="the uncollapsed ELBO with q(u) as a parameter; the default for "
                             "other likelihoods and with --batch-size")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--float32", action="store_true", help="fit in single precision")
+    add_seed(parser, "the partition, the inducing inputs and the training draws")
+    add_float32(parser)
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--workers", type=int, metavar="N",
                        help="fit on an embedded Dask cluster of N single-threaded workers")
     where.add_argument("--scheduler", metavar="ADDRESS",
                        help="fit on the Dask cluster whose scheduler is at ADDRESS")
     parser.add_argument("--verbose", action="store_true",
-                        help=f"list every module (default: a summary beyond {MAX_ROWS})")
+                        help="list every module (default: a summary of a large set)")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR",
                         help="module folder to write (an existing module folder is replaced)")
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+    from pyrogp_models.inference.commands.common import (
+        check_output,
+        data_columns,
+        feature_columns,
+        likelihood_options,
+        one_line_warnings,
+        write_module_folder,
+    )
+    from pyrogp_models.inference.executors import fit_local_on
+    from pyrogp_models.inference.local_fit import LocalFitSpec, collapsed_bound
+
+    from pyrogp_models.data import load_table, split_features_target
+    from pyrogp_models.errors import DataError
+    from pyrogp_models.io import describe_rule, module_table
+    from pyrogp_models.io.formats import MODULE_FOLDER
+
     if args.inducing < 1:
         raise DataError(f"--inducing must be at least 1, got {args.inducing}")
     if args.natural_gradient is not None:
@@ -113,24 +111,27 @@ def run(args: argparse.Namespace) -> int:
         if args.collapsed:
             raise DataError("--natural-gradient moves q(u) of the uncollapsed bound; with "
                             "--collapsed q(u) is optimal already: give one of the two")
-    check_output_folder(args.out)
+    if args.collapsed and args.likelihood != "gaussian":
+        raise DataError(f"--collapsed needs the gaussian likelihood, not {args.likelihood}")
+    check_output(args.out, MODULE_FOLDER)
     table = load_table(args.data)
     partition_column = None if args.partition_by in PARTITION_KINDS else args.partition_by
-    features = _feature_names(table, args.target, args.features, partition_column)
+    if partition_column is not None and partition_column not in table.columns:
+        raise DataError(f"--partition-by '{partition_column}' is neither "
+                        f"{', '.join(PARTITION_KINDS)} nor a column of the data "
+                        f"({', '.join(table.columns)})")
+    features = feature_columns(table, [args.target], args.features,
+                               (partition_column,) if partition_column else ())
     X, y = split_features_target(table, args.target, features)
     partition = _make_partition(args, table, X, partition_column)
-    info = {"features": features, "target": args.target}
-    if partition_column is not None:
-        info["partition_column"] = partition_column
     spec = LocalFitSpec(
         num_inducing=args.inducing, likelihood=args.likelihood,
-        likelihood_options=_likelihood_options(args, y), kernel=args.kernel, ard=args.ard,
+        likelihood_options=likelihood_options(args, y), kernel=args.kernel, ard=args.ard,
         collapsed=(True if args.collapsed else
                    False if args.uncollapsed or args.natural_gradient is not None else None),
         batch_size=args.batch_size, dtype=torch.float32 if args.float32 else torch.float64,
-        info=info)
-    if args.collapsed and args.likelihood != "gaussian":
-        raise DataError(f"--collapsed needs the gaussian likelihood, not {args.likelihood}")
+        columns=data_columns(features, args.target, args.units),
+        info={"partition_column": partition_column} if partition_column else None)
     config = _train_config(args, spec)
     start = time.perf_counter()
     with one_line_warnings("raise --steps"):
@@ -138,9 +139,8 @@ def run(args: argparse.Namespace) -> int:
                            scheduler=args.scheduler)
     seconds = time.perf_counter() - start
     write_module_folder(fit.modules, args.out, partition.rule)
-    print(report_modules(fit.modules, {"N": lambda m: m.num_data,
-                                       "M": lambda m: m.num_inducing,
-                                       "ELBO": lambda m: m.elbo}, args.verbose))
+    print(module_table(fit.modules, {"N": lambda m: m.num_data, "M": lambda m: m.num_inducing,
+                                     "ELBO": lambda m: m.elbo}, args.verbose))
     status = "converged" if fit.result.converged else "not converged"
     bound = "collapsed" if collapsed_bound(spec) else "uncollapsed"
     print(f"\n{len(fit.modules)} modules ({describe_rule(partition.rule)}, {bound} bound) "
@@ -148,9 +148,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_config(args: argparse.Namespace, spec: LocalFitSpec) -> TrainConfig:
+def _train_config(args: argparse.Namespace, spec):
     """The spec's default configuration with the command line's seed, progress bar and any
     --steps, --lr, --natural-gradient given."""
+    import sys
+    from dataclasses import replace
+
+    from pyrogp_models.inference.local_fit import collapsed_bound, default_config
+
+    from pyrogp_models.errors import DataError
+
     config = replace(default_config(spec), seed=args.seed, progress=sys.stderr.isatty())
     if args.steps is not None:
         config = replace(config, steps=args.steps)
@@ -166,23 +173,15 @@ def _train_config(args: argparse.Namespace, spec: LocalFitSpec) -> TrainConfig:
     return config
 
 
-def _feature_names(table: Table, target: str, listed: str | None,
-                   partition_column: str | None) -> list[str]:
-    table.column(target)
-    if partition_column is not None and partition_column not in table.columns:
-        raise DataError(f"--partition-by '{partition_column}' is neither "
-                        f"{', '.join(PARTITION_KINDS)} nor a column of the data "
-                        f"({', '.join(table.columns)})")
-    if listed is None:
-        return [name for name in table.columns if name not in (target, partition_column)]
-    features = [name.strip() for name in listed.split(",")]
-    if not all(features):
-        raise DataError(f"--features has an empty column name: '{listed}'")
-    return features
+def _make_partition(args: argparse.Namespace, table, X, partition_column: str | None):
+    from pyrogp_models.data.partitioners import (
+        partition_by_label,
+        partition_contiguous,
+        partition_kmeans,
+        partition_random,
+    )
+    from pyrogp_models.errors import DataError
 
-
-def _make_partition(args: argparse.Namespace, table: Table, X: np.ndarray,
-                    partition_column: str | None) -> Partition:
     if partition_column is not None:
         partition = partition_by_label(table.column(partition_column), partition_column)
         if args.partitions is not None and args.partitions != partition.num_partitions:
@@ -196,15 +195,3 @@ def _make_partition(args: argparse.Namespace, table: Table, X: np.ndarray,
     if args.partition_by == "contiguous":
         return partition_contiguous(X, args.partitions, args.dim)
     return partition_kmeans(X, args.partitions, args.seed)
-
-
-def _likelihood_options(args: argparse.Namespace, y: np.ndarray) -> dict:
-    if args.link is not None and args.likelihood not in LINKED_LIKELIHOODS:
-        raise DataError(f"--link applies to {' and '.join(LINKED_LIKELIHOODS)} likelihoods, "
-                        f"not {args.likelihood}")
-    if args.classes is not None and args.likelihood != "categorical":
-        raise DataError("--classes applies to the categorical likelihood only")
-    options = {} if args.link is None else {"link": args.link}
-    if args.likelihood == "categorical":
-        options["num_classes"] = args.classes or max(2, int(y.max()) + 1)
-    return options

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pyrogp_models import io
 from pyrogp_models.data import Table, require_finite
 from pyrogp_models.errors import DataError
 from pyrogp_models.models.multitask import MultitaskPredictor
-from pyrogp_models.models.multitask.files import load_multitask
-from pyrogp_models.modules.files import resolve_path
+from pyrogp_models.models.multitask.files import MULTITASK_FILE
 
 #: What a file's ``info`` must hold for the commands to read a table for it.
 LAYOUT_KEYS = ("features", "targets", "task_column", "tasks")
@@ -136,11 +136,15 @@ def task_name(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+def is_multitask(path) -> bool:
+    """Whether ``path`` (as typed) is a multitask file."""
+    return io.format_of(path).name == MULTITASK_FILE.name
+
+
 def multitask_from_args(args: argparse.Namespace) -> tuple[MultitaskPredictor, TaskColumns]:
     """The multitask file of a ``predict`` or ``evaluate`` command and its table layout."""
     if (args.rule, args.weights, args.temperature) != (None, None, None):
         raise DataError("--rule, --weights and --temperature combine modules; a multitask file "
                         "is a single model")
-    path = resolve_path(args.modules)
-    predictor = load_multitask(path)
-    return predictor, TaskColumns.from_info(predictor.info, path)
+    predictor = io.load(args.modules)
+    return predictor, TaskColumns.from_info(predictor.info, args.modules)

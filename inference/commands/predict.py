@@ -5,21 +5,12 @@ from __future__ import annotations
 import argparse
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-from pyrogp_models.inference.commands.common import (
-    add_predictor_arguments,
-    predictor_from_args,
-    read_inputs,
-)
-from pyrogp_models.inference.commands.multitask_inputs import multitask_from_args
+from pyrogp_models.inference.commands.arguments import add_predictor_arguments
 
-from pyrogp_models.data import load_table
-from pyrogp_models.errors import DataError
-from pyrogp_models.models.multitask.files import is_multitask_file
-from pyrogp_models.modules.files import resolve_path
-from pyrogp_models.modules.signed import atomic_write
+if TYPE_CHECKING:
+    import numpy as np
 
 NAME = "predict"
 HELP = "predict the rows of a data file with a module, a module folder or a model file"
@@ -29,7 +20,12 @@ OUTPUT_SUFFIXES = (".csv", ".npz")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_predictor_arguments(parser)
-    parser.add_argument("--out", required=True, type=Path, metavar="FILE",
+    add_out(parser)
+
+
+def add_out(parser: argparse.ArgumentParser, metavar: str = "FILE") -> None:
+    """``--out``: the predictions file."""
+    parser.add_argument("--out", required=True, type=Path, metavar=metavar,
                         help="output file, .csv or .npz: the features (and a multitask file's "
                              "task column), then mean and var (regression) or prob / "
                              "prob_0..prob_{C-1} (classification); a wide-form multitask file "
@@ -37,8 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_output_path(args.out)
-    if is_multitask_file(resolve_path(args.modules)):
+    from pyrogp_models.inference.commands.common import PREDICTIONS, check_output
+    from pyrogp_models.inference.commands.multitask_inputs import is_multitask
+
+    from pyrogp_models.errors import DataError
+    from pyrogp_models.modules.signed import atomic_write
+
+    if args.out.suffix.lower() not in OUTPUT_SUFFIXES:
+        raise DataError(f"{args.out}: unknown output extension '{args.out.suffix}'; use .csv or "
+                        ".npz")
+    check_output(args.out, PREDICTIONS)
+    if is_multitask(args.modules):
         columns, outputs = _multitask_predictions(args)
     else:
         columns, outputs = _module_predictions(args)
@@ -55,14 +60,18 @@ def _module_predictions(args: argparse.Namespace
                         ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The input columns and the predictions of a module, module folder or distributed-kernel
     file."""
-    predictor, modules, rule = predictor_from_args(args)
-    table = load_table(args.data)
-    features, X, labels = read_inputs(table, modules, rule)
+    import torch
+    from pyrogp_models.inference.commands.common import predictor_from_args, read_inputs
+
+    from pyrogp_models.data import load_table
+
+    predictor = predictor_from_args(args)
+    features, X, labels = read_inputs(load_table(args.data), predictor)
     with torch.no_grad():
         mean, var = predictor.predict_y(X, labels)
     columns = {name: X[:, j] for j, name in enumerate(features)}
-    return columns, _output_columns(predictor.is_classifier, mean.double().numpy(),
-                                    var.double().numpy())
+    return columns, output_columns(predictor.is_classifier, mean.double().numpy(),
+                                   var.double().numpy())
 
 
 def _multitask_predictions(args: argparse.Namespace
@@ -70,6 +79,12 @@ def _multitask_predictions(args: argparse.Namespace
     """The input columns and the predictions of a multitask file: long form, each row for its
     own task; wide form, every row for every task (columns ``mean_<task>``, ``var_<task>``,
     ``prob_<task>``, ...)."""
+    import numpy as np
+    import torch
+    from pyrogp_models.inference.commands.multitask_inputs import multitask_from_args
+
+    from pyrogp_models.data import load_table
+
     predictor, layout = multitask_from_args(args)
     table = load_table(args.data)
     X = layout.inputs(table)
@@ -83,25 +98,17 @@ def _multitask_predictions(args: argparse.Namespace
     with torch.no_grad():
         mean, var = (value.double().numpy() for value in predictor.predict_y(X, tasks))
     if layout.is_long:
-        return columns, _output_columns(predictor.is_classifier, mean, var)
+        return columns, output_columns(predictor.is_classifier, mean, var)
     per_task = zip(layout.tasks, np.split(mean, len(layout.tasks)),
                    np.split(var, len(layout.tasks)), strict=True)
     return columns, {f"{key}_{name}": values for name, task_mean, task_var in per_task
-                     for key, values in _output_columns(predictor.is_classifier, task_mean,
-                                                        task_var).items()}
+                     for key, values in output_columns(predictor.is_classifier, task_mean,
+                                                       task_var).items()}
 
 
-def _check_output_path(path: Path) -> None:
-    if path.suffix.lower() not in OUTPUT_SUFFIXES:
-        raise DataError(f"{path}: unknown output extension '{path.suffix}'; use .csv or .npz")
-    if not path.parent.is_dir():
-        raise DataError(f"{path}: the output folder {path.parent} does not exist")
-    if path.is_dir():
-        raise DataError(f"{path} is a folder; --out needs a file name")
-
-
-def _output_columns(is_classifier: bool, mean: np.ndarray, var: np.ndarray
-                    ) -> dict[str, np.ndarray]:
+def output_columns(is_classifier: bool, mean: np.ndarray, var: np.ndarray
+                   ) -> dict[str, np.ndarray]:
+    """The prediction columns: mean and var, or the class probabilities."""
     if not is_classifier:
         return {"mean": mean, "var": var}
     if mean.ndim == 1:
@@ -110,6 +117,8 @@ def _output_columns(is_classifier: bool, mean: np.ndarray, var: np.ndarray
 
 
 def _encode(columns: dict[str, np.ndarray], suffix: str) -> bytes:
+    import numpy as np
+
     buffer = io.BytesIO()
     if suffix == ".npz":
         np.savez(buffer, **columns)

@@ -7,40 +7,15 @@ itself accept it, so meta-GPs can be recycled again (pyramids).
 from __future__ import annotations
 
 import argparse
-import sys
-import warnings
-from dataclasses import replace
 from pathlib import Path
 
-from pyrogp_models.inference.commands.common import one_line_warnings, read_inputs
-from pyrogp_models.inference.commands.kernel_option import add_kernel_argument
-from pyrogp_models.inference.recycling import (
-    COLLAPSED_CONFIG,
-    UNCOLLAPSED_CONFIG,
-    RawData,
-    RecycleSpec,
-    recycle,
-    uses_collapsed_bound,
+from pyrogp_models.inference.commands.arguments import (
+    LIKELIHOOD_NAMES,
+    add_float32,
+    add_kernel,
+    add_seed,
 )
-
-from pyrogp_models.data import load_table, require_finite
-from pyrogp_models.errors import (
-    DataError,
-    IncompatibleModulesError,
-    MixedLikelihoodsError,
-    UnboundedBoundError,
-)
-from pyrogp_models.kernels import kernel_text
-from pyrogp_models.likelihoods import LIKELIHOODS
-from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning, describe_unbounded
-from pyrogp_models.modules.files import (
-    SUFFIX,
-    load_module,
-    module_files,
-    resolve_path,
-    save_module,
-)
-from pyrogp_models.modules.record import Module
+from pyrogp_models.inference.train_config import COLLAPSED_CONFIG, UNCOLLAPSED_CONFIG
 
 NAME = "recycle"
 HELP = "fit a meta-GP to module files and folders (and new raw data) and save it as a module"
@@ -60,13 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bound.add_argument("--uncollapsed", action="store_true",
                        help="learn q too (natural-gradient steps), the kernel and inducing "
                             "inputs by Adam")
-    add_kernel_argument(parser, None, "the kernel most modules share, with the median of their "
+    add_kernel(parser, None, "the kernel most modules share, with the median of their "
                                       "values")
     parser.add_argument("--data", type=Path, metavar="RAW",
                         help="new raw data (CSV or .npz) fitted together with the modules")
     parser.add_argument("--target", help="the observed column of --data (default: the "
                                          "modules' target)")
-    parser.add_argument("--likelihood", choices=sorted(LIKELIHOODS),
+    parser.add_argument("--likelihood", choices=LIKELIHOOD_NAMES, metavar="NAME",
                         help="likelihood of the raw data and of the saved meta-GP (default: "
                              "the modules' common likelihood)")
     parser.add_argument("--steps", type=int, metavar="N",
@@ -76,56 +51,77 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, metavar="LR",
                         help=f"Adam learning rate of the uncollapsed bound (default: "
                              f"{UNCOLLAPSED_CONFIG.lr:g})")
-    parser.add_argument("--seed", type=int, default=0)
+    add_seed(parser, "the initial inducing inputs and the training draws")
+    add_float32(parser)
     parser.add_argument("--on-unbounded", choices=ON_UNBOUNDED, default="raise",
                         help="when the ensemble bound is unbounded above: stop (raise), go on "
                              "with a warning, or repair the modules' site precisions first "
                              "(default: raise)")
     parser.add_argument("--out", required=True, type=Path, metavar="FILE",
-                        help=f"meta-GP module file to write ({SUFFIX} is appended if missing)")
+                        help="meta-GP module file to write (.safetensors is appended if "
+                             "missing)")
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+    import warnings
+    from dataclasses import replace
+
+    import torch
+    from pyrogp_models.inference.commands.common import check_output, one_line_warnings
+    from pyrogp_models.inference.recycling import RecycleSpec, recycle, uses_collapsed_bound
+
+    from pyrogp_models.errors import (
+        DataError,
+        MixedLikelihoodsError,
+        UnboundedBoundError,
+    )
+    from pyrogp_models.kernels import kernel_text
+    from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning, describe_unbounded
+    from pyrogp_models.modules.files import MODULE_FILE, SUFFIX, save_module
+
     if args.inducing < 1:
         raise DataError(f"--inducing must be at least 1, got {args.inducing}")
     if args.target is not None and args.data is None:
         raise DataError("--target applies to the raw data of --data")
-    out = _output_path(args.out)
+    out = args.out if args.out.name.endswith(SUFFIX) else args.out.with_name(args.out.name
+                                                                               + SUFFIX)
+    check_output(out, MODULE_FILE.name)
     modules = _load_all(args.paths)
-    columns = _shared_columns(modules)
-    raw = _raw_data(args, modules, columns.get("target")) if args.data is not None else None
     spec = RecycleSpec(num_inducing=args.inducing,
                        collapsed=True if args.collapsed else False if args.uncollapsed else None,
                        on_unbounded="warn" if args.on_unbounded == "warn" else "raise",
                        repair_sites=args.on_unbounded == "repair", likelihood=args.likelihood,
-                       kernel=args.kernel, name=out.name.removesuffix(SUFFIX))
-    collapsed = uses_collapsed_bound(spec, raw)
-    if collapsed and args.lr is not None:
-        raise DataError("--lr sets Adam's learning rate of the uncollapsed bound; the collapsed "
-                        "bound is fitted by L-BFGS")
-    config = replace(COLLAPSED_CONFIG if collapsed else UNCOLLAPSED_CONFIG, seed=args.seed,
-                     progress=sys.stderr.isatty())
-    config = replace(config, **{key: value for key, value in
-                                (("steps", args.steps), ("lr", args.lr)) if value is not None})
-    with one_line_warnings("raise --steps"):
-        try:
+                       kernel=args.kernel, name=out.name.removesuffix(SUFFIX),
+                       dtype=torch.float32 if args.float32 else torch.float64)
+    try:
+        raw = _raw_data(args, modules) if args.data is not None else None
+        collapsed = uses_collapsed_bound(spec, raw, modules)
+        if collapsed and args.lr is not None:
+            raise DataError("--lr sets Adam's learning rate of the uncollapsed bound; the "
+                            "collapsed bound is fitted by L-BFGS")
+        config = replace(COLLAPSED_CONFIG if collapsed else UNCOLLAPSED_CONFIG, seed=args.seed,
+                         progress=sys.stderr.isatty())
+        config = replace(config, **{key: value for key, value in
+                                    (("steps", args.steps), ("lr", args.lr))
+                                    if value is not None})
+        with one_line_warnings("raise --steps"):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", UnboundedBoundWarning)
                 fit = recycle(modules, spec, config, raw)
-        except UnboundedBoundError as error:  # advise the flag, not the Python API
-            advice = ("; rerun with --on-unbounded repair to clip the modules' site precisions"
-                      if args.on_unbounded != "repair" else
-                      " even with the modules' site precisions clipped (--on-unbounded repair): "
-                      "the global kernel moved away from the modules'")
-            raise UnboundedBoundError(describe_unbounded(error.smallest, error.modules) + advice,
-                                      error.smallest, error.modules) from error
-        except MixedLikelihoodsError as error:
-            raise MixedLikelihoodsError(f"the modules have different likelihoods ({error.found}); "
-                                        "name the meta-GP's with --likelihood", error.found
-                                        ) from error
-        _report_warnings(caught)
-    meta, result = fit.model, fit.result
-    module = replace(fit.module, info={**fit.module.info, **columns})
+            _report_warnings(caught)
+    except UnboundedBoundError as error:  # advise the flag, not the Python API
+        advice = ("; rerun with --on-unbounded repair to clip the modules' site precisions"
+                  if args.on_unbounded != "repair" else
+                  " even with the modules' site precisions clipped (--on-unbounded repair): "
+                  "the global kernel moved away from the modules'")
+        raise UnboundedBoundError(describe_unbounded(error.smallest, error.modules) + advice,
+                                  error.smallest, error.modules) from error
+    except MixedLikelihoodsError as error:
+        raise MixedLikelihoodsError(f"the modules have different likelihoods ({error.found}); "
+                                    "name the meta-GP's with --likelihood", error.found
+                                    ) from error
+    meta, result, module = fit.model, fit.result, fit.module
     save_module(module, out)
     repairs = module.info["recycle"]["site_repairs"]
     clipped = {name: count for name, count in repairs.items() if count}
@@ -150,20 +146,14 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
-def _output_path(path: Path) -> Path:
-    path = path if path.name.endswith(SUFFIX) else path.with_name(path.name + SUFFIX)
-    if path.is_dir():
-        raise DataError(f"{path} is a folder; --out needs a file name")
-    if not path.parent.is_dir():
-        raise DataError(f"{path}: the output folder {path.parent} does not exist")
-    return path
-
-
-def _load_all(paths: list[Path]) -> dict[str, Module]:
+def _load_all(paths: list[Path]) -> dict:
     """Every module of every path, by name; when names clash between paths every module is
     named by its path as well (``siteA/part000``; a file by its path without ``.safetensors``),
     so folders of modules with the same names recycle together. A module file given twice is
     refused."""
+    from pyrogp_models.errors import DataError
+    from pyrogp_models.modules.files import SUFFIX, load_module, module_files, resolve_path
+
     files = [module_files(path) for path in paths]
     seen: dict[Path, Path] = {}
     for path, found in zip(paths, files, strict=True):
@@ -174,7 +164,7 @@ def _load_all(paths: list[Path]) -> dict[str, Module]:
             seen[file.resolve()] = path
     names = [name for found in files for name in found]
     qualify = len(set(names)) < len(names)
-    modules: dict[str, Module] = {}
+    modules: dict = {}
     for path, found in zip(paths, files, strict=True):
         label = str(path).rstrip("/").removesuffix(SUFFIX)
         folder = resolve_path(path).is_dir()
@@ -184,48 +174,34 @@ def _load_all(paths: list[Path]) -> dict[str, Module]:
     return modules
 
 
-def _shared_columns(modules: dict[str, Module]) -> dict:
-    """The features and target the modules record, which must agree (empty if none records
-    them)."""
-    recorded = {name: (module.info.get("features"), module.info.get("target"))
-                for name, module in modules.items() if "features" in module.info}
-    if len({repr(columns) for columns in recorded.values()}) > 1:
-        first, *others = recorded
-        odd = [name for name in others if recorded[name] != recorded[first]]
-        raise IncompatibleModulesError(f"modules {', '.join(odd[:5])} use other feature or "
-                                       f"target columns than module '{first}'")
-    if not recorded:
-        return {}
-    features, target = next(iter(recorded.values()))
-    return {"features": features, "target": target}
+def _raw_data(args: argparse.Namespace, modules: dict):
+    """The --data table as raw data: the modules' features, the target column (default: the
+    modules'), the --likelihood (default: the modules' common one, chosen by the library)."""
+    from pyrogp_models.inference.commands.common import read_inputs
+    from pyrogp_models.inference.recycling import RawData
 
+    from pyrogp_models.data import load_table, require_finite
+    from pyrogp_models.errors import DataError
 
-def _raw_data(args: argparse.Namespace, modules: dict[str, Module], target: str | None
-              ) -> RawData:
-    """The --data table as raw data: the modules' features, the target column and the
-    likelihood (options from the modules with that likelihood)."""
-    target = args.target or target
+    first = next(iter(modules.values()))
+    target = args.target or first.columns.target
     if target is None:
         raise DataError("the modules do not record their target column; pass --target")
-    likelihood = args.likelihood
-    if likelihood is None:
-        names = sorted({module.likelihood_name for module in modules.values()})
-        if len(names) > 1:
-            raise DataError(f"the modules have different likelihoods ({', '.join(names)}); "
-                            "pass --likelihood for the raw data")
-        likelihood = names[0]
-    options = next((dict(module.likelihood_options) for module in modules.values()
-                    if module.likelihood_name == likelihood), {})
     table = load_table(args.data)
     y = table.column(target)
     require_finite(y, f"column '{target}'")
-    _, X, _ = read_inputs(table, modules, None, exclude=(target,))
-    return RawData(X, y, likelihood, options)
+    _, X, _ = read_inputs(table, first, exclude=(target,))
+    return RawData(X, y, args.likelihood)
 
 
-def _report_warnings(caught: list[warnings.WarningMessage]) -> None:
+def _report_warnings(caught: list) -> None:
     """One line for the first unboundedness warning (with how often it recurred); other
     warnings are issued again as they were."""
+    import sys
+    import warnings
+
+    from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning, describe_unbounded
+
     unbounded = [w for w in caught if issubclass(w.category, UnboundedBoundWarning)]
     for w in caught:
         if w not in unbounded:

@@ -47,6 +47,10 @@ class Standardisation:
         """Inputs [..., D] in model units: (X − x_mean)/x_scale."""
         return (X - _like(self.x_mean, X)) / _like(self.x_scale, X)
 
+    def inverse_x(self, X: ArrayLike) -> ArrayLike:
+        """Inputs [..., D] in data units: X x_scale + x_mean (e.g. inducing inputs)."""
+        return X * _like(self.x_scale, X) + _like(self.x_mean, X)
+
     def transform_y(self, y: ArrayLike) -> ArrayLike:
         """Targets [...] in model units: (y − y_mean)/y_scale."""
         return (y - self.y_mean) / self.y_scale

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from pyrogp_models.data import Standardisation
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.errors import CholeskyError, ModuleFileError
 from pyrogp_models.kernels import (
@@ -36,9 +37,10 @@ from pyrogp_models.kernels import (
 )
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.modules.record import FORMAT_VERSION, Module
-from pyrogp_models.modules.signed import atomic_write, read_signed, signed_bytes, sync_to_disk
+from pyrogp_models.modules.signed import Fail, SignedFormat, atomic_write, sync_to_disk
 
-FORMAT = "pyrogp-module"
+#: One module per file.
+MODULE_FILE = SignedFormat("pyrogp-module", FORMAT_VERSION)
 INDEX_NAME = "modules.json"
 SUFFIX = ".safetensors"
 _TENSOR_FIELDS = ("inducing", "q_mean", "q_chol", "prior_mean")
@@ -60,8 +62,6 @@ def module_to_bytes(module: Module) -> bytes:
     tensors.update({name: value.detach() for name, value in module.kernel.named_values().items()})
     tensors.update({f"likelihood.{k}": v for k, v in module.likelihood_params.items()})
     record = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
         "kernel": module.kernel.tree(),
         "likelihood_name": module.likelihood_name,
         "likelihood_options": module.likelihood_options,
@@ -69,9 +69,10 @@ def module_to_bytes(module: Module) -> bytes:
         "elbo": float(module.elbo),
         "standardisation": module.standardisation.to_dict(),
         "jitter": float(module.jitter),
+        "columns": module.columns.to_dict(),
         "info": module.info,
     }
-    return signed_bytes(record, tensors)
+    return MODULE_FILE.to_bytes(record, tensors)
 
 
 def save_module(module: Module, path: str | Path) -> Path:
@@ -85,21 +86,20 @@ def save_module(module: Module, path: str | Path) -> Path:
 
 def load_module(path: str | Path) -> Module:
     """Read and validate one module file; any problem raises :class:`ModuleFileError`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModuleFileError(f"{path}: no such module file")
-    return module_from_bytes(path.read_bytes(), str(path))
+    return MODULE_FILE.load(path, _build_module)
 
 
 def module_from_bytes(data: bytes, source: str = "<bytes>") -> Module:
     """Parse and validate the bytes of a module file."""
+    return MODULE_FILE.from_bytes(data, _build_module, source)
 
-    def fail(reason: str) -> ModuleFileError:
-        return ModuleFileError(f"{source}: {reason}")
 
-    record, tensors = read_signed(data, fail, FORMAT, FORMAT_VERSION)
+def _build_module(record: dict, tensors: dict[str, torch.Tensor], fail: Fail) -> Module:
+    """The module of a checked file record (version 1: no prior mean; before ``columns``: the
+    feature and target names in ``info``)."""
     version = record["format_version"]
     try:
+        columns, info = Columns.split_info(record, record["info"])
         module = Module(
             kernel=_stored_kernel(record, tensors, version, fail),
             likelihood_name=record["likelihood_name"],
@@ -109,11 +109,11 @@ def module_from_bytes(data: bytes, source: str = "<bytes>") -> Module:
             inducing=tensors["inducing"], q_mean=tensors["q_mean"], q_chol=tensors["q_chol"],
             num_data=record["num_data"], elbo=record["elbo"],
             standardisation=Standardisation.from_dict(record["standardisation"]),
-            jitter=record["jitter"], info=record["info"], format_version=version,
-            prior_mean=tensors["prior_mean"] if version >= 2 else None)
+            jitter=record["jitter"], info=info, format_version=version,
+            prior_mean=tensors["prior_mean"] if version >= 2 else None, columns=columns)
     except KeyError as error:
         raise fail(f"missing field {error}") from None
-    validate_module(module, source)
+    _check_module(module, fail)
     return module
 
 
@@ -136,11 +136,13 @@ def _stored_kernel(record: dict, tensors: dict, version: int, fail) -> Kernel:
 
 
 def validate_module(module: Module, source: str = "module") -> None:
-    """Shapes agree, values are finite, scales are positive and covariances positive definite."""
+    """Shapes agree, values are finite, scales are positive and covariances positive definite;
+    any problem raises :class:`ModuleFileError` naming ``source``."""
+    _check_module(module, lambda reason: ModuleFileError(f"{source}: {reason}"))
 
-    def fail(reason: str) -> ModuleFileError:
-        return ModuleFileError(f"{source}: {reason}")
 
+def _check_module(module: Module, fail: Fail) -> None:
+    """:func:`validate_module` with the error made by ``fail(reason)``."""
     if module.likelihood_name not in LIKELIHOODS:
         raise fail(f"unknown likelihood '{module.likelihood_name}'")
     if module.inducing.dim() != 2:
@@ -170,6 +172,10 @@ def validate_module(module: Module, source: str = "module") -> None:
         for h in getattr(leaf, "hyperparameters", ()) if h.positive]
     if not all(bool((t > 0).all()) for t in positives):
         raise fail("kernel or likelihood parameters must be positive")
+    try:
+        module.columns.check_inputs(D)
+    except ValueError as error:
+        raise fail(str(error)) from None
     if not (math.isfinite(module.jitter) and module.jitter >= 0):
         raise fail("jitter must be a finite non-negative number")
     diagonal = module.q_chol.diagonal(dim1=-2, dim2=-1)
@@ -283,9 +289,3 @@ def resolve_path(path: str | Path) -> Path:
     if not path.name.endswith(SUFFIX) and with_suffix.is_file():
         return with_suffix
     raise ModuleFileError(f"{path}: no such module file or folder")
-
-
-def load_modules_from(path: str | Path) -> dict[str, Module]:
-    """A module file (``{stem: module}``) or a module folder, the path as the user typed it
-    (:func:`resolve_path`)."""
-    return load_modules(path)

@@ -20,9 +20,9 @@ the latent marginals; a module draws through its inducing variables (:class:`~py
 modules.record.Module`). ``labels`` name the partition of each point for modules partitioned by a
 label column (:class:`~pyrogp_models.modules.routing.RoutedModules`); others ignore them.
 
-A subclass provides ``standardisation``, ``info`` (``features`` and ``target`` names when
-known), ``input_dim``, ``dtype``, ``device``, :meth:`Predictor.likelihood` and
-:meth:`Predictor.latent`.
+A subclass provides ``standardisation``, ``input_dim``, ``dtype``, ``device``,
+:meth:`Predictor.likelihood` and :meth:`Predictor.latent`, and may set ``columns`` (the names
+of the data columns, :class:`~pyrogp_models.data.columns.Columns`) and free-form ``info``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from pyro.infer import Predictive
 
 from pyrogp_models.arviz_bridge import to_inference_data
 from pyrogp_models.data import Standardisation
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.errors import DataError
 from pyrogp_models.likelihoods import Likelihood
 
@@ -47,6 +48,8 @@ class Predictor:
     tensors, ``log_predictive`` one [N]."""
 
     standardisation: Standardisation
+    #: The data columns the predictor was fitted on (feature names, target name, units).
+    columns: Columns = Columns()
     info: dict
 
     # What a subclass provides -------------------------------------------------------------------
@@ -63,14 +66,6 @@ class Predictor:
     @property
     def is_classifier(self) -> bool:
         return self.likelihood().is_classifier
-
-    @property
-    def feature_names(self) -> list[str] | None:
-        return self.info.get("features")
-
-    @property
-    def target_name(self) -> str | None:
-        return self.info.get("target")
 
     def inputs(self, X) -> torch.Tensor:
         """Inputs [N, D] (data units) as a tensor of the predictor's dtype and device."""

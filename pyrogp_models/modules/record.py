@@ -11,7 +11,9 @@ expert combinations combine their predictions. It holds
 - the inducing inputs Z [M, D] and q(u) = N(m, S) **unwhitened**: ``q_mean`` [L, M] and the lower
   Cholesky factor of S, ``q_chol`` [L, M, M], one per latent function,
 - the number of points it saw, its final ELBO, the input/output standardisation, the relative
-  jitter of its K_zz, and free-form JSON ``info`` (name, partition, provenance).
+  jitter of its K_zz, the data columns it was fitted on (``columns``: feature names, target
+  name, units; :class:`~pyrogp_models.data.columns.Columns`) and free-form JSON ``info`` (name,
+  partition, provenance).
 
 Inputs given to :meth:`Module.predict_f` and friends are in data units; the module standardises
 them. Latent predictions are in model units (standardised outputs for Gaussian likelihoods);
@@ -28,6 +30,7 @@ import pyro.distributions as dist
 import torch
 
 from pyrogp_models.data import Standardisation
+from pyrogp_models.data.columns import Columns
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.gaussian.linalg import cholesky, triangular_solve
 from pyrogp_models.kernels import Kernel, moved
@@ -58,6 +61,7 @@ class Module(Predictor):
     info: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     prior_mean: torch.Tensor | None = None
+    columns: Columns = field(default_factory=Columns)
 
     def __post_init__(self):
         if self.prior_mean is None:  # a zero-mean prior (object.__setattr__: frozen record)

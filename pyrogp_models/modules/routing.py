@@ -2,23 +2,21 @@
 
 :class:`RoutedModules` routes points through the partition rule stored with a folder of modules
 (:mod:`pyrogp_models.data.partitioners`) and is, like a single :class:`Module`, a
-:class:`~pyrogp_models.modules.predictor.Predictor` in data units. :func:`load_predictor` opens
-any file or folder the library writes as a predictor.
+:class:`~pyrogp_models.modules.predictor.Predictor` in data units. (Any file or folder the library
+writes opens as a predictor with :func:`pyrogp_models.io.load_predictor`.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from pyrogp_models.data.partitioners import route
-from pyrogp_models.errors import DataError, ModuleFileError
+from pyrogp_models.errors import DataError, ModuleFileError, UnroutableModulesError
 from pyrogp_models.likelihoods import Likelihood
-from pyrogp_models.modules.files import load_modules_from, partition_rule, resolve_path
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.stack import check_compatible
@@ -39,8 +37,8 @@ class RoutedModules(Predictor):
         if not modules:
             raise DataError("no modules to route points to")
         if rule.get("kind") == "random":
-            raise DataError("modules fitted on a random partition have no region to route a "
-                            "point to; combine them with --rule (products of experts) instead")
+            raise UnroutableModulesError("modules fitted on a random partition have no region to "
+                                         "route a point to")
         if rule.get("num_partitions") != len(modules):
             raise ModuleFileError(f"the partition rule has {rule.get('num_partitions')} "
                                   f"partitions but there are {len(modules)} modules")
@@ -51,7 +49,8 @@ class RoutedModules(Predictor):
         self.rule = rule
         first = self.modules[0]
         self.likelihood_name = first.likelihood_name
-        self.info = {key: first.info[key] for key in ("features", "target") if key in first.info}
+        self.columns = first.columns
+        self.info = {}
 
     @property
     def input_dim(self) -> int:
@@ -130,20 +129,7 @@ def as_predictor(modules: Module | dict[str, Module],
     if len(modules) == 1:
         return next(iter(modules.values()))
     if rule is None:
-        raise DataError(f"{len(modules)} modules without a partition rule cannot route points; "
-                        "combine them with --rule (products of experts) instead")
+        raise UnroutableModulesError(f"{len(modules)} modules without a partition rule cannot "
+                                     "route points")
     return RoutedModules(modules, rule)
 
-
-def load_predictor(path: str | Path) -> Predictor:
-    """The predictor of a module file, of a module folder routed by its stored rule, or of a
-    distributed-kernel file (told apart by the format named in the file's header)."""
-    from pyrogp_models.models.distributed_kernel.files import (  # the model imports modules
-        is_distributed_kernel_file,
-        load_distributed_kernel,
-    )
-
-    path = resolve_path(path)
-    if is_distributed_kernel_file(path):
-        return load_distributed_kernel(path)
-    return as_predictor(load_modules_from(path), partition_rule(path))

@@ -4,7 +4,10 @@ A file is safetensors tensors plus, in the header's ``__metadata__``, a JSON rec
 whose ``format`` says what the file is and a SHA-256 ``digest`` of the record and of every tensor's
 name, dtype, shape and bytes, so a flipped byte anywhere is detected. Module files
 (:mod:`pyrogp_models.modules.files`), distributed-kernel files and multitask files differ only in
-their record and tensors. Nothing here unpickles; writes are atomic (temporary file + rename).
+their record and tensors: each is a :class:`SignedFormat`, which writes, reads and checks the
+container, and a function that builds the object from a checked record (the registry of what
+each format is for lives in :mod:`pyrogp_models.io`). Nothing here unpickles; writes are atomic
+(temporary file + rename).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import os
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +25,72 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from pyrogp_models.errors import ModuleFileError
+
 #: What each file format of the library is, for messages when one is opened as another.
 FORMAT_NAMES = {"pyrogp-module": "a module file",
                 "pyrogp-distkernel": "a distributed-kernel file",
                 "pyrogp-multitask": "a multitask model file"}
 #: safetensors refuses headers above 100 MB; anything larger is not one of ours.
 _MAX_HEADER = 100_000_000
+
+#: Makes the error of a broken file from the reason: ``fail(reason) -> ModuleFileError``.
+Fail = Callable[[str], ModuleFileError]
+
+
+@dataclass(frozen=True)
+class SignedFormat:
+    """One kind of signed file: its ``name`` (the record's ``format``, a key of
+    :data:`FORMAT_NAMES`) and the newest ``version`` this library reads and writes.
+
+    Writing adds the format and version to a record; reading checks the container (digest,
+    format, version) and hands the record and tensors to a ``build(record, tensors, fail)``
+    function, turning any malformed field (a missing key, a wrong type or value) into one
+    :class:`ModuleFileError` line that names the file."""
+
+    name: str
+    version: int
+
+    @property
+    def noun(self) -> str:
+        """What the file is, for messages: ``a module file``, ..."""
+        return FORMAT_NAMES[self.name]
+
+    def to_bytes(self, record: dict[str, Any], tensors: dict[str, torch.Tensor]) -> bytes:
+        """The bytes of a file holding ``record`` (format and version added) and ``tensors``."""
+        return signed_bytes({**record, "format": self.name, "format_version": self.version},
+                            tensors)
+
+    def save(self, path: str | Path, record: dict[str, Any],
+             tensors: dict[str, torch.Tensor]) -> Path:
+        """Write one file atomically; returns its path."""
+        path = Path(path)
+        atomic_write(path, self.to_bytes(record, tensors))
+        return path
+
+    def from_bytes(self, data: bytes, build: Callable[[dict, dict, Fail], Any],
+                   source: str = "<bytes>") -> Any:
+        """Check the bytes of a file and build its object; ``source`` names it in errors."""
+
+        def fail(reason: str) -> ModuleFileError:
+            return ModuleFileError(f"{source}: {' '.join(reason.split())}")
+
+        record, tensors = read_signed(data, fail, self.name, self.version)
+        try:
+            return build(record, tensors, fail)
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise fail(f"invalid record ({type(error).__name__}: {error})") from None
+
+    def load(self, path: str | Path, build: Callable[[dict, dict, Fail], Any]) -> Any:
+        """Read, check and build the file at ``path``."""
+        path = Path(path)
+        if not path.is_file():
+            raise ModuleFileError(f"{path}: no such {self.noun.removeprefix('a ')}")
+        return self.from_bytes(path.read_bytes(), build, str(path))
+
+    def holds(self, path: str | Path) -> bool:
+        """Whether ``path`` is a file whose header names this format (reads the header only)."""
+        return file_format(path) == self.name
 
 
 def digest(record_json: str, tensors: dict[str, torch.Tensor]) -> str:

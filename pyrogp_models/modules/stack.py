@@ -288,25 +288,26 @@ Check = tuple[str, Callable[[Module], object]]
 #: What every purpose needs of all modules alike, compared with the first module.
 _SAME: dict[str, tuple[Check, ...]] = {
     "recycle": (("input dimension", lambda m: m.input_dim),
-                ("features", lambda m: m.info.get("features"))),
+                ("data columns (features, target, units)", lambda m: m.columns)),
     "recycle-outputs": (("input dimension", lambda m: m.input_dim),
-                        ("features", lambda m: m.info.get("features"))),
+                        ("features", lambda m: m.columns.features)),
     "combine": (("likelihood", lambda m: (m.likelihood_name, m.likelihood_options)),
                 ("number of latent functions", lambda m: m.num_latent),
                 ("input dimension", lambda m: m.input_dim),
-                ("features", lambda m: m.info.get("features"))),
+                ("data columns (features, target, units)", lambda m: m.columns)),
     "route": (("likelihood and number of latent functions",
                lambda m: (m.likelihood_name, m.num_latent)),
               ("input dimension", lambda m: m.input_dim),
-              ("features", lambda m: m.info.get("features"))),
+              ("data columns (features, target, units)", lambda m: m.columns)),
 }
 
 
 def check_compatible(modules: Mapping[str, Module], purpose: str = "recycle") -> None:
     """Raise :class:`IncompatibleModulesError`, naming the modules, unless they fit ``purpose``:
 
-    - every purpose: a known likelihood, the same input dimension and features (input
-      columns);
+    - every purpose: a known likelihood, the same input dimension and data columns
+      (:class:`~pyrogp_models.data.columns.Columns`; only the features for
+      ``"recycle-outputs"``, whose modules model different targets);
     - ``"recycle"``, ``"recycle-outputs"``: one latent function each;
     - ``"combine"``: the same likelihood (name and options) and number of latent functions;
     - ``"route"``: the same likelihood family and number of latent functions.

@@ -2,12 +2,13 @@
 
 A signed file (:mod:`pyrogp_models.modules.signed`) like module files. Its record holds
 ``"format": "pyrogp-distkernel"``, the format version, kernel family and ARD, likelihood name and
-options, variational family, region structure, standardisation, N, ELBO, features and target.
+options, variational family, region structure, standardisation, N, ELBO, the data columns
+(feature and target names, units) and free-form ``info``.
 The tensors are the cut values of each active dimension (``cuts.<d>``), Z [J, m, D], the
 whitened q(v) (``q_mean`` [J, m], or [J·m] for the joint q, and ``q_sqrt``) and the
 hyperparameters (``kernel.*``, ``likelihood.*``), all in standardised units. Loading checks the
-digest, every shape and value, and never unpickles; any problem raises :class:`ModuleFileError`
-naming the file.
+digest, every shape and value, and never unpickles; any problem raises
+:class:`~pyrogp_models.errors.ModuleFileError` naming the file.
 
 :class:`DistributedKernelPredictor` is the fitted model as a
 :class:`~pyrogp_models.modules.predictor.Predictor`: it takes and returns data units. The file
@@ -24,24 +25,25 @@ import numpy as np
 import torch
 
 from pyrogp_models.data import Standardisation
-from pyrogp_models.errors import CholeskyError, ModuleFileError
+from pyrogp_models.data.columns import Columns
+from pyrogp_models.errors import CholeskyError
 from pyrogp_models.kernels import RBF
 from pyrogp_models.likelihoods import LIKELIHOODS, Likelihood, make_likelihood
 from pyrogp_models.models.distributed_kernel.model import VARIATIONAL, DistributedKernelGP
 from pyrogp_models.models.distributed_kernel.regions import Regions
 from pyrogp_models.modules.predictor import Predictor
-from pyrogp_models.modules.signed import atomic_write, file_format, read_signed, signed_bytes
+from pyrogp_models.modules.signed import Fail, SignedFormat, atomic_write
 
-FORMAT = "pyrogp-distkernel"
-FORMAT_VERSION = 1
+#: One fitted distributed-kernel GP per file.
+DISTRIBUTED_KERNEL_FILE = SignedFormat("pyrogp-distkernel", 1)
 
 
 class DistributedKernelPredictor(Predictor):
     """A fitted distributed-kernel GP with its standardisation: a
     :class:`~pyrogp_models.modules.predictor.Predictor` taking and returning data units.
 
-    ``info`` (``features``, ``target``, ...) is as on a :class:`~pyrogp_models.modules.record.
-    Module`, so the command line reads inputs for both alike. The predictor wraps ``model`` itself
+    ``columns`` (feature and target names, units) and ``info`` are as on a
+    :class:`~pyrogp_models.modules.record.Module`. The predictor wraps ``model`` itself
     (no copy): a fit's predictor follows its model if training continues. Posterior draws
     (``posterior_draws``, ``to_inference_data``) go through the model's inducing
     variables (:meth:`DistributedKernelGP.predictive_model`): sites ``u`` (the whitened inducing
@@ -49,12 +51,14 @@ class DistributedKernelPredictor(Predictor):
     """
 
     def __init__(self, model: DistributedKernelGP, standardisation: Standardisation,
-                 num_data: int, elbo: float, info: dict | None = None):
+                 num_data: int, elbo: float, info: dict | None = None,
+                 columns: Columns | None = None):
         self.model = model
         self.standardisation = standardisation
         self.num_data = int(num_data)
         self.elbo = float(elbo)
         self.info = dict(info or {})
+        self.columns = columns or Columns()
 
     @property
     def input_dim(self) -> int:
@@ -90,7 +94,7 @@ class DistributedKernelPredictor(Predictor):
     def describe(self) -> str:
         """A few lines: regions (cuts in data units), m, hyperparameters, likelihood, ELBO."""
         model = self.model
-        names = self.feature_names or [f"x{d}" for d in range(self.input_dim)]
+        names = self.columns.features or [f"x{d}" for d in range(self.input_dim)]
         kind = "mean-field" if model.variational == "meanfield" else "joint"
         lines = [f"distributed-kernel GP: {model.num_regions} regions × {model.num_inducing} "
                  f"inducing inputs (M = {model.num_regions * model.num_inducing}), {kind} q",
@@ -105,8 +109,8 @@ class DistributedKernelPredictor(Predictor):
         lines.append(f"likelihood: {model.likelihood.name}"
                      + (f" ({', '.join(settings)})" if settings else ""))
         lines.append(f"N = {self.num_data}, ELBO = {self.elbo:.6g}")
-        if self.feature_names is not None:
-            lines.append(f"features: {', '.join(self.feature_names)}; target: {self.target_name}")
+        if self.columns.describe():
+            lines.append(self.columns.describe())
         lines.append("hyperparameters and ELBO refer to the standardised data")
         return "\n".join(lines)
 
@@ -142,8 +146,6 @@ def predictor_to_bytes(predictor: DistributedKernelPredictor) -> bytes:
     tensors.update({f"likelihood.{k}": v
                     for k, v in model.likelihood.parameter_values().items()})
     record = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
         "kernel": {"family": model.kernel.family, "ard": bool(model.kernel.ard),
                    "input_dim": regions.input_dim},
         "likelihood": {"name": model.likelihood.name, "options": model.likelihood.options()},
@@ -156,9 +158,10 @@ def predictor_to_bytes(predictor: DistributedKernelPredictor) -> bytes:
         "standardisation": predictor.standardisation.to_dict(),
         "num_data": predictor.num_data,
         "elbo": predictor.elbo,
+        "columns": predictor.columns.to_dict(),
         "info": predictor.info,
     }
-    return signed_bytes(record, tensors)
+    return DISTRIBUTED_KERNEL_FILE.to_bytes(record, tensors)
 
 
 def save_distributed_kernel(predictor: DistributedKernelPredictor, path: str | Path) -> Path:
@@ -169,40 +172,21 @@ def save_distributed_kernel(predictor: DistributedKernelPredictor, path: str | P
 
 
 # Reading ----------------------------------------------------------------------------------------
-def is_distributed_kernel_file(path: str | Path) -> bool:
-    """Whether ``path`` is a file whose header names this format (reads the header only)."""
-    return file_format(path) == FORMAT
-
-
 def load_distributed_kernel(path: str | Path) -> DistributedKernelPredictor:
-    """Read and validate a distributed-kernel file; any problem raises :class:`ModuleFileError`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModuleFileError(f"{path}: no such distributed-kernel file")
-    return predictor_from_bytes(path.read_bytes(), str(path))
+    """Read and validate a distributed-kernel file; any problem raises
+    :class:`~pyrogp_models.errors.ModuleFileError`."""
+    return DISTRIBUTED_KERNEL_FILE.load(path, _build)
 
 
 def predictor_from_bytes(data: bytes, source: str = "<bytes>") -> DistributedKernelPredictor:
     """Parse and validate the bytes of a distributed-kernel file."""
-
-    def fail(reason: str) -> ModuleFileError:
-        return ModuleFileError(f"{source}: {reason}")
-
-    record, tensors = read_signed(data, fail, FORMAT, FORMAT_VERSION)
-    try:
-        predictor = _build(record, tensors, fail)
-    except (KeyError, TypeError, ValueError, IndexError) as error:
-        raise fail(f"invalid record ({type(error).__name__}: {error})") from None
-    try:
-        predictor.model.prior_cholesky()
-    except CholeskyError:
-        raise fail("the prior covariance k_j(Z_j, Z_j) is not positive definite") from None
-    return predictor
+    return DISTRIBUTED_KERNEL_FILE.from_bytes(data, _build, source)
 
 
-def _build(record: dict[str, Any], tensors: dict[str, torch.Tensor], fail
+def _build(record: dict[str, Any], tensors: dict[str, torch.Tensor], fail: Fail
            ) -> DistributedKernelPredictor:
-    """Check every field of a parsed file and assemble the predictor."""
+    """Check every field of a parsed file and assemble the predictor (its prior covariance
+    factorised)."""
     kernel, likelihood_record = record["kernel"], record["likelihood"]
     if kernel["family"] != "rbf":
         raise fail(f"kernel family '{kernel['family']}' cannot be split; only 'rbf' can")
@@ -218,11 +202,8 @@ def _build(record: dict[str, Any], tensors: dict[str, torch.Tensor], fail
     jitter, halo_eps = float(record["jitter"]), float(record["halo_eps"])
     if not (math.isfinite(jitter) and jitter >= 0 and 0 <= halo_eps < 1):
         raise fail("jitter must be finite and ≥ 0, halo_eps in [0, 1)")
-    info = record["info"]
-    features = info.get("features")
-    if features is not None and (len(features) != input_dim
-                                 or not all(isinstance(f, str) for f in features)):
-        raise fail(f"features {features} do not name the {input_dim} inputs")
+    columns, info = Columns.split_info(record, record["info"])
+    columns.check_inputs(input_dim)
     parameters = {k.split(".", 1)[1]: v for k, v in tensors.items()
                   if k.startswith("likelihood.")}
     model = DistributedKernelGP(
@@ -235,8 +216,12 @@ def _build(record: dict[str, Any], tensors: dict[str, torch.Tensor], fail
         halo_eps=halo_eps)
     model.set_whitened_posterior(tensors["q_mean"], tensors["q_sqrt"])
     model.requires_grad_(False)
+    try:
+        model.prior_cholesky()
+    except CholeskyError:
+        raise fail("the prior covariance k_j(Z_j, Z_j) is not positive definite") from None
     return DistributedKernelPredictor(model, standardisation, int(record["num_data"]),
-                                      float(record["elbo"]), info)
+                                      float(record["elbo"]), info, columns)
 
 
 def _check_tensors(tensors: dict[str, torch.Tensor], record: dict[str, Any], input_dim: int,

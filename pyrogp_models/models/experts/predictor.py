@@ -87,7 +87,8 @@ class ExpertCombination(Predictor):
         first = self.experts.modules[0]
         self.likelihood_name = first.likelihood_name
         self.standardisation = self.experts.standardisation
-        self.info = {key: first.info[key] for key in ("features", "target") if key in first.info}
+        self.columns = first.columns
+        self.info = {}
         self.communication = None
         if rule == "grbcm":
             if self.experts.num_experts < 2:

@@ -44,6 +44,7 @@ raising :class:`~pyrogp_models.errors.UnboundedBoundError` (or warning;
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 import pyro
@@ -409,6 +410,20 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
                   "collapsed": self.collapsed})
 
 
+def common_likelihood(modules: Iterable[Module]) -> str:
+    """The likelihood the modules share (name and options); :class:`MixedLikelihoodsError`
+    when they differ."""
+    modules = list(modules)
+    kinds = {(m.likelihood_name, repr(sorted(m.likelihood_options.items()))) for m in modules}
+    if len(kinds) > 1:
+        names = sorted({m.likelihood_name for m in modules})
+        found = ", ".join(names) if len(names) > 1 else f"{names[0]} with different options"
+        raise MixedLikelihoodsError(
+            f"the modules have different likelihoods ({found}); name the one to use "
+            "(e.g. likelihood='gaussian')", found)
+    return modules[0].likelihood_name
+
+
 def choose_likelihood(stack: ModuleStack | None, raw_likelihood: Likelihood | None,
                       name: str | None = None, options: dict | None = None,
                       params: dict | None = None
@@ -429,14 +444,7 @@ def choose_likelihood(stack: ModuleStack | None, raw_likelihood: Likelihood | No
     if name is None and raw_likelihood is not None:
         name, source = raw_likelihood.name, "raw data"
     elif name is None:
-        kinds = {(m.likelihood_name, repr(sorted(m.likelihood_options.items()))) for m in members}
-        if len(kinds) > 1:
-            names = sorted({m.likelihood_name for m in members})
-            found = ", ".join(names) if len(names) > 1 else f"{names[0]} with different options"
-            raise MixedLikelihoodsError(
-                f"the modules have different likelihoods ({found}); name the one to export "
-                "(e.g. likelihood='gaussian')", found)
-        name, source = members[0].likelihood_name, "modules"
+        name, source = common_likelihood(members), "modules"
     else:
         source = "user"
     if name not in LIKELIHOODS:

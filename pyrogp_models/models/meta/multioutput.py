@@ -241,8 +241,8 @@ class OutputPredictor(Predictor):
         x = meta.stack.standardisation
         y = self.module.standardisation
         self.standardisation = Standardisation(x.x_mean, x.x_scale, y.y_mean, y.y_scale)
-        self.info = {key: self.module.info[key] for key in ("features", "target")
-                     if key in self.module.info}
+        self.columns = self.module.columns
+        self.info = {}
         self.likelihood_name = self.module.likelihood_name
 
     @property

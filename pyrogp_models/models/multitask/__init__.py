@@ -13,7 +13,10 @@ Gaussian Processes") and their baselines, as batched Pyro models.
 - :mod:`.prediction`: the Gaussian-mixture predictive and the data-units predictor;
 - :mod:`.files`: the fitted model and its predictor settings in one signed safetensors file;
 - :mod:`.plots`: the Hinton diagram of the ARD weights;
-- :mod:`.toy`: the toy example of the paper's Fig. 1.
+- :mod:`.kernel`: the one helper that makes every process's kernel;
+- :mod:`.warm_start`: a deep model started at the fitted shallow model it contains;
+- :mod:`.description`: what ``pyrogp info`` tells about a multitask file;
+- :mod:`.toy`: the toy example of the paper's Fig. 1 and a transfer toy.
 """
 
 from pyrogp_models.models.multitask.data import (
@@ -50,7 +53,14 @@ from pyrogp_models.models.multitask.prediction import (
     mixture_moments,
 )
 from pyrogp_models.models.multitask.standardisation import TaskStandardisation
-from pyrogp_models.models.multitask.toy import toy_functions, toy_grid, toy_tasks
+from pyrogp_models.models.multitask.toy import (
+    toy_functions,
+    toy_grid,
+    toy_tasks,
+    warped_functions,
+    warped_gap,
+    warped_tasks,
+)
 
 __all__ = [
     "CGP", "CMDGP", "IDGP", "IGP", "MMDGP", "MODELS", "SMDGP", "Components", "Initialisation",
@@ -58,5 +68,5 @@ __all__ = [
     "TaskLayout", "TaskStandardisation", "as_task_data", "build_model", "components",
     "full_batch", "joint_components", "load_multitask", "mixture_log_density", "mixture_moments",
     "plot_ard_weights", "save_multitask", "stacked_batch", "stratified_batch", "toy_functions",
-    "toy_grid", "toy_tasks", "weighted_batch",
+    "toy_grid", "toy_tasks", "warped_functions", "warped_gap", "warped_tasks", "weighted_batch",
 ]

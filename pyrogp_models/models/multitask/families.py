@@ -63,30 +63,30 @@ class _Layers:
                             learn_inducing=options.learn_inducing)
 
     def concatenated(self) -> ConcatenatedLatents:
-        """I shared processes on the M·T stacked inducing inputs, J private ones per task."""
+        """I shared processes on M inducing inputs of all tasks, J private ones per task."""
         options, init = self.options, self.init
-        stacked = init.stacked_inducing()
+        shared_inducing = init.shared_inducing
         shared = None if not options.num_shared else self.block(
-            stacked.expand(options.num_shared, *stacked.shape), options.shared_width, "shared",
-            self.mean_weights(options.shared_width))
+            shared_inducing.expand(options.num_shared, *shared_inducing.shape),
+            options.shared_width, "shared", self.mean_weights(options.shared_width))
         private = None if not options.num_private else self.block(
             init.inducing.unsqueeze(1).expand(-1, options.num_private, -1, -1),
             options.private_width, "private", self.mean_weights(options.private_width))
         return ConcatenatedLatents(shared, private)
 
-    def concatenated_inducing(self) -> torch.Tensor:
-        """Every task's Z^t pushed through the linear means of its latent space [T, M, D^t]."""
+    def latent_weights(self) -> torch.Tensor:
+        """The linear map x ↦ λ of the inner layer's fixed means [D, D^λ] (the blocks' columns
+        in order)."""
         options, init = self.options, self.init
-        parts = ([init.inducing @ init.mean_weights(options.shared_width)] * options.num_shared
-                 + [init.inducing @ init.mean_weights(options.private_width)]
-                 * options.num_private)
-        return torch.cat(parts, -1)
+        return torch.cat([init.mean_weights(options.shared_width)] * options.num_shared
+                         + [init.mean_weights(options.private_width)] * options.num_private, -1)
 
     def task_gps(self, inducing: torch.Tensor) -> TaskGPs:
         options = self.options
         return TaskGPs(inducing.clone(), self.num_latent, lengthscale=options.top_lengthscale,
                        variance=options.top_variance, jitter=options.jitter,
-                       learn_inducing=options.learn_inducing)
+                       learn_inducing=options.learn_inducing,
+                       linear_mean=options.top_mean == "linear")
 
     def coregionalised_gp(self, inducing: torch.Tensor) -> CoregionalisedGP:
         options, rank = self.options, self.options.coregional_rank
@@ -96,7 +96,8 @@ class _Layers:
                                 icm=options.coregionalisation == "icm",
                                 lengthscale=options.top_lengthscale,
                                 variance=options.top_variance, jitter=options.jitter,
-                                learn_inducing=options.learn_inducing)
+                                learn_inducing=options.learn_inducing,
+                                joint=self.num_latent == 1)
 
 
 class MMDGP(MultitaskGP):
@@ -107,7 +108,7 @@ class MMDGP(MultitaskGP):
 
     def build_layers(self, options, init):
         layers = _Layers(options, init, self.num_latent)
-        return layers.concatenated(), layers.task_gps(layers.concatenated_inducing())
+        return layers.concatenated(), layers.task_gps(init.inducing @ layers.latent_weights())
 
 
 class SMDGP(MMDGP):
@@ -133,14 +134,14 @@ class CMDGP(MultitaskGP):
     def build_layers(self, options, init):
         layers = _Layers(options, init, self.num_latent)
         width, count = options.inner_width, options.num_coregional
-        stacked = init.stacked_inducing()
+        shared = init.shared_inducing
         # ICM: one process with Q outputs (one kernel); LMC: Q processes with one output each
         processes, outputs = (1, count) if options.coregionalisation == "icm" else (count, 1)
-        block = layers.block(stacked.expand(processes, *stacked.shape), outputs, "shared", None)
+        block = layers.block(shared.expand(processes, *shared.shape), outputs, "shared", None)
         latent = CoregionalisedLatents(block, init.normal(init.num_tasks, width, count,
                                                           scale=1 / math.sqrt(count)),
                                        layers.mean_weights(width))
-        return latent, layers.coregionalised_gp(stacked @ init.mean_weights(width))
+        return latent, layers.coregionalised_gp(shared @ init.mean_weights(width))
 
 
 class IGP(MultitaskGP):
@@ -169,12 +170,15 @@ class CGP(MultitaskGP):
 
     def build_layers(self, options, init):
         return None, _Layers(options, init, self.num_latent).coregionalised_gp(
-            init.stacked_inducing())
+            init.shared_inducing)
 
     def natural_gradient_objectives(self) -> list:
-        """The R latent GPs are coupled through the mixing, so every step is safeguarded by the
-        whole ELBO."""
-        return [(self.top.layer, self.elbo)]
+        """The R latent GPs are coupled through the mixing: with one joint q over them and a
+        Gaussian likelihood the top layer is conjugate; otherwise every step is safeguarded by
+        the whole ELBO."""
+        conjugate = (self.likelihood.name == "gaussian"
+                     and self.top.layer.covariance == "joint")
+        return [(self.top.layer, None if conjugate else self.elbo)]
 
 
 #: The model classes by kind.
@@ -188,6 +192,7 @@ def build_model(kind: str, data, options: MultitaskOptions | None = None,
     :class:`~pyrogp_models.models.multitask.data.TaskData` in model units) and bound to it."""
     if kind not in MODELS:
         raise ValueError(f"unknown multitask model '{kind}'; choose from {sorted(MODELS)}")
-    options = options or MultitaskOptions()
+    options = (options or MultitaskOptions()).with_inducing_for(
+        torch.bincount(data.task, minlength=data.num_tasks).tolist())
     init = Initialisation.from_data(data, options.num_inducing, inducing_init, generator)
     return MODELS[kind](options, init, data, name)

@@ -7,7 +7,9 @@ kind, T, D and options, likelihood included), the standardisation, the predictiv
 their seed, and ``info`` (features, target column(s), task column, task names, fit summary). The
 tensors are the model's state (parameters unconstrained, the fixed inner means); no data.
 Loading checks the digest, the version, the kind, every tensor's presence, shape and finiteness,
-and never unpickles; any problem raises :class:`ModuleFileError` with one line naming the file.
+and never unpickles; any problem raises :class:`~pyrogp_models.errors.ModuleFileError` with one
+line naming the file.
+:func:`describe_multitask` is the summary of a fitted model (what ``pyrogp info`` prints).
 """
 
 from __future__ import annotations
@@ -18,60 +20,49 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyrogp_models.errors import CholeskyError, ModuleFileError
+from pyrogp_models.errors import CholeskyError
 from pyrogp_models.layers import variational_layers
 from pyrogp_models.models.multitask.families import MODELS
 from pyrogp_models.models.multitask.prediction import MultitaskPredictor
-from pyrogp_models.modules.signed import atomic_write, file_format, read_signed, signed_bytes
+from pyrogp_models.modules.signed import Fail, SignedFormat
 
-FORMAT = "pyrogp-multitask"
-FORMAT_VERSION = 1
+#: One fitted multitask GP per file.
+MULTITASK_FILE = SignedFormat("pyrogp-multitask", 1)
 
 
 # Writing ----------------------------------------------------------------------------------------
 def multitask_to_bytes(predictor: MultitaskPredictor) -> bytes:
     """Serialise a predictor (its model's state and settings) to the bytes of a safetensors
     file."""
-    config, tensors = predictor.to_state()
-    return signed_bytes({"format": FORMAT, "format_version": FORMAT_VERSION, **config}, tensors)
+    return MULTITASK_FILE.to_bytes(*predictor.to_state())
 
 
 def save_multitask(predictor: MultitaskPredictor, path: str | Path) -> Path:
     """Write one multitask file atomically; returns its path."""
-    path = Path(path)
-    atomic_write(path, multitask_to_bytes(predictor))
-    return path
+    return MULTITASK_FILE.save(path, *predictor.to_state())
 
 
 # Reading ----------------------------------------------------------------------------------------
-def is_multitask_file(path: str | Path) -> bool:
-    """Whether ``path`` is a file whose header names the multitask format."""
-    return file_format(path) == FORMAT
-
-
 def load_multitask(path: str | Path) -> MultitaskPredictor:
-    """Read and validate a multitask file; any problem raises :class:`ModuleFileError`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModuleFileError(f"{path}: no such multitask file")
-    return multitask_from_bytes(path.read_bytes(), str(path))
+    """Read and validate a multitask file; any problem raises
+    :class:`~pyrogp_models.errors.ModuleFileError`."""
+    return MULTITASK_FILE.load(path, _build)
 
 
 def multitask_from_bytes(data: bytes, source: str = "<bytes>") -> MultitaskPredictor:
     """Parse and validate the bytes of a multitask file."""
+    return MULTITASK_FILE.from_bytes(data, _build, source)
 
-    def fail(reason: str) -> ModuleFileError:
-        return ModuleFileError(f"{source}: {' '.join(reason.split())}")
 
-    record, tensors = read_signed(data, fail, FORMAT, FORMAT_VERSION)
+def _build(record: dict[str, Any], tensors: dict[str, torch.Tensor], fail: Fail
+           ) -> MultitaskPredictor:
+    """The predictor of a checked record, its prior covariances factorised."""
+    _check_record(record, tensors, fail)
     try:
-        _check_record(record, tensors, fail)
         predictor = MultitaskPredictor.from_state(record, tensors)
     except RuntimeError as error:  # load_state_dict: missing, unexpected or misshapen tensors
         raise fail(f"the tensors do not fit its {record['model']['model']} model ({error})"
                    ) from None
-    except (KeyError, TypeError, ValueError, IndexError) as error:
-        raise fail(f"invalid record ({type(error).__name__}: {error})") from None
     try:
         for layer in variational_layers(predictor.model):
             layer.prior_cholesky(check=True)

@@ -1,9 +1,10 @@
 """Where a multitask model starts: per-task inducing inputs and the fixed linear inner mean.
 
 - Inducing inputs: k-means centres (or a grid) of every task's inputs, M per task; a task with
-  fewer than M rows takes them from all tasks' inputs. Shared processes stack the T sets (M·T
-  points, as dgplib does); the top layer's inducing inputs are these pushed through the inner
-  layer's linear mean (spec Sec. 4.1, item 2).
+  fewer than M rows takes them from all tasks' inputs. A shared process has M of its own, the
+  centres of all tasks' inputs (not the M·T stacked sets of dgplib: the same budget as every
+  other process, a cost linear in the number of tasks); the top layer's inducing inputs are the
+  task's pushed through the inner layer's linear mean (spec Sec. 4.1, item 2).
 - Fixed linear mean of an inner process with W outputs (Salimbeni & Deisenroth 2017; dgplib):
   identity, zero-padded, when D_in ≤ W; otherwise the top-W principal directions of the inputs.
 """
@@ -20,11 +21,12 @@ from pyrogp_models.models.multitask.data import TaskData, TaskLayout
 
 @dataclass
 class Initialisation:
-    """Per-task inducing inputs Z^t [T, M, D] (model units), the principal directions of the
-    inputs [D, D] (columns by decreasing variance) and the random source of the mixing
-    coefficients of coregionalised models."""
+    """Per-task inducing inputs Z^t [T, M, D] and those of a shared process [M, D] (model
+    units), the principal directions of the inputs [D, D] (columns by decreasing variance) and
+    the random source of the mixing coefficients of coregionalised models."""
 
     inducing: torch.Tensor
+    shared_inducing: torch.Tensor
     directions: torch.Tensor
     generator: torch.Generator
 
@@ -35,17 +37,18 @@ class Initialisation:
         [D, D] of all tasks' inputs (for the fixed linear means)."""
         generator = generator or torch.Generator(device=data.X.device).manual_seed(0)
         inducing = task_inducing(data, num_inducing, method, generator)
+        shared = init_inducing(data.X, num_inducing, None, method, generator)
         centred = data.X - data.X.mean(0)
         directions = torch.linalg.svd(centred, full_matrices=True).Vh.mT
-        return cls(inducing, directions, generator)
+        return cls(inducing, shared, directions, generator)
 
     @classmethod
     def blank(cls, num_tasks: int, num_inducing: int, input_dim: int,
               dtype: torch.dtype | None = None,
               device: torch.device | str | None = None) -> Initialisation:
         """Placeholders of the right shapes, for a model whose state is loaded next."""
-        return cls(torch.zeros(num_tasks, num_inducing, input_dim, dtype=dtype, device=device),
-                   torch.eye(input_dim, dtype=dtype, device=device),
+        inducing = torch.zeros(num_tasks, num_inducing, input_dim, dtype=dtype, device=device)
+        return cls(inducing, inducing[0].clone(), torch.eye(input_dim, dtype=dtype, device=device),
                    torch.Generator(device=device).manual_seed(0))
 
     @property
@@ -62,10 +65,6 @@ class Initialisation:
             return torch.eye(self.input_dim, width, dtype=self.directions.dtype,
                              device=self.directions.device)
         return self.directions[:, :width].clone()
-
-    def stacked_inducing(self) -> torch.Tensor:
-        """The M·T inducing inputs of a process shared by all tasks [M·T, D]."""
-        return self.inducing.flatten(0, 1)
 
     def normal(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
         """Seeded N(0, scale²) draws (initial mixing coefficients)."""

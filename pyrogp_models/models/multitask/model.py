@@ -30,7 +30,7 @@ rows, ε, softmax draws) comes from torch's global generator: ``pyro.set_rng_see
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import ClassVar
 
 import pyro
@@ -82,6 +82,8 @@ class MultitaskGP(PyroModule):
                  data: TaskData | None = None, name: str | None = None):
         super().__init__(name or unique_name(self.kind))
         self.num_tasks, self.input_dim = init.num_tasks, init.input_dim
+        if options.num_inducing is None:
+            options = replace(options, num_inducing=init.inducing.shape[-2])
         self.options = options.resolved(self.kind, self.num_tasks, self.input_dim)
         dtype, device = init.inducing.dtype, init.inducing.device
         self.likelihood = make_likelihood(self.options.likelihood, (self.num_tasks,), dtype,
@@ -273,10 +275,19 @@ class MultitaskGP(PyroModule):
 
     # Natural gradients ------------------------------------------------------------------------
     def natural_gradient_objectives(self) -> list:
-        """Raises ``ValueError``: no layer of a deep GP is conjugate in its q(u)."""
-        raise ValueError(f"natural gradients are not available for deep GPs ({self.kind}): the "
-                         "ELBO of a deep GP is not conjugate in any layer's q(u); train with "
-                         "natural_gradient_lr=None")
+        """With a Gaussian likelihood and a GP per task (or a joint q) on top, the top layer:
+        given the draws
+        of λ the ELBO is a concave quadratic in its q(u) (a unit step is that draw's optimum);
+        the inner layers are left to the optimiser (objective ``"optimiser"``, the natural-
+        gradient hook's ``OPTIMISER``). Raises ``ValueError`` otherwise."""
+        conjugate_top = (isinstance(self.top, TaskGPs)
+                         or self.top.layer.covariance == "joint")
+        if self.likelihood.name != "gaussian" or not conjugate_top:
+            raise ValueError(f"natural gradients of a deep GP ({self.kind}) need a Gaussian "
+                             "likelihood and a top layer conjugate in its q(u); train with "
+                             "natural_gradient_lr=None")
+        inner = [(block.layer, "optimiser") for _, block in self.latent.blocks()]
+        return [*inner, (self.top.layer, None)]
 
     # State --------------------------------------------------------------------------------------
     def to_state(self) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -2,28 +2,41 @@
 estimator's sample size and initial hyperparameters — a JSON-able record (``dataclasses.asdict``)
 from which a model and its saved tensors rebuild it.
 
-Defaults follow the spec (Sec. 4.1 and App. B of Boustati et al.):
+Defaults (Boustati et al., Sec. 4.1 and App. B, with the changes that make the models train to
+their best):
 
-- one shared process of width W_s and one private process per task of width W_p; the inner
-  width W = W_s + W_p (half each for mMDGP) defaults to D_in clipped to [2, 10];
-- M inducing points per task: a private process and every task's top GP have M, a shared (or
-  coregionalised) process the M·T points of all tasks;
-- S = 1 sample in training, inner q_sqrt = 10⁻⁵·I (Salimbeni & Deisenroth 2017);
-- Matérn-5/2 everywhere; ARD in the top layer; private kernels start with another variance than
-  the shared ones (symmetry breaking, Sec. 2.2);
+- one shared process of width W_s and, for mMDGP, one private process per task of width W_p; the
+  width W defaults to D_in clipped to [2, 10], and W_s = W_p = W, so that every process's fixed
+  linear mean passes all inputs through (identity, zero-padded) whenever D_in ≤ 10;
+- M inducing points per process: a private process and every task's top GP have M, and so has a
+  shared (or coregionalised) process — the same budget in every model, a cost linear in the
+  number of tasks. M defaults to the rows of the largest task, at most
+  :data:`MAX_DEFAULT_INDUCING` (resolved from the data by ``build_model``);
+- S = 1 sample in training; the inner q(u) starts at its prior (q_sqrt = I, whitened: KL = 0) and
+  the inner kernels with a small variance, so that at the start the inner layer passes its
+  inputs through almost unchanged and the model is its shallow counterpart;
+- Matérn-5/2 everywhere (:mod:`.kernel`); ARD in the top layer; private kernels start with another
+  variance than the shared ones (symmetry breaking, Sec. 2.2);
+- the per-task top GPs of the deep models have a learned linear mean on the latent space
+  (``top_mean="linear"``, starting at 0): the linear coregionalisation of the shared processes
+  (eq. 11) sits inside the non-linear model; ``"zero"`` is the paper's;
 - the coregionalised models (cGP, cMDGP) mix R = min(T, 2) latent GPs per output (the rank of
   the coregionalisation matrix) and cMDGP mixes Q = W latent GPs into its latent space.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.models.multitask.data import MINIBATCHES
 
 INNER_MEANS = ("linear", "zero")
+TOP_MEANS = ("linear", "zero")
+#: The default M per process is the rows of the largest task, at most this.
+MAX_DEFAULT_INDUCING = 100
+#: Models whose top layer is a GP per task on a latent space (they take the linear top mean).
+TASK_TOPS_ON_LATENTS = ("smdgp", "mmdgp", "idgp")
 COREGIONALISATIONS = ("icm", "lmc")
 #: Default (I, J): shared processes and private processes per task of each deep model.
 PROCESS_COUNTS = {"smdgp": (1, 0), "mmdgp": (1, 1), "idgp": (0, 1)}
@@ -42,15 +55,17 @@ class MultitaskOptions:
         num_coregional: Q latent GPs mixed into cMDGP's latent space.
         coregional_rank: R latent GPs mixed into every output of a coregionalised GP.
         coregionalisation: ``"icm"`` (the mixed latent GPs share one kernel) or ``"lmc"``.
-        num_inducing: M per task.
+        num_inducing: M per process (None: from the data, see the module docstring).
         num_samples: S, samples of the latent space per ELBO evaluation.
         batch_size: rows per minibatch (None: all); ``minibatch`` ``"stacked"`` or
             ``"stratified"`` (then ⌈batch_size/T⌉ rows from every task).
-        q_scale: initial q_sqrt of the inner layers (relative to I).
+        q_scale: initial q_sqrt of the inner layers (relative to I; 1 is the prior).
         inner_noise: white-noise variance added to the inner marginals when sampling
             (DS-DGP's jitter; keeps ∂√v finite).
         inner_mean: ``"linear"`` (fixed identity/PCA mean) or ``"zero"``.
         inner_ard: ARD lengthscales in the inner layer.
+        top_mean: ``"linear"`` (a learned m^t(λ) = λ b^t) or ``"zero"`` for the per-task top
+            GPs (None: linear for sMDGP, mMDGP and iDGP, zero for iGP).
         shared_*, private_*, top_*: initial Matérn-5/2 lengthscale and variance.
         learn_inducing: optimise the inducing inputs; ``jitter``: relative jitter on K_zz.
     """
@@ -65,18 +80,19 @@ class MultitaskOptions:
     num_coregional: int | None = None
     coregional_rank: int | None = None
     coregionalisation: str = "icm"
-    num_inducing: int = 20
+    num_inducing: int | None = None
     num_samples: int = 1
     batch_size: int | None = None
     minibatch: str = "stacked"
-    q_scale: float = 1e-5
-    inner_noise: float = 1e-6
+    q_scale: float = 1.0
+    inner_noise: float = 1e-10
     inner_mean: str = "linear"
     inner_ard: bool = False
+    top_mean: str | None = None
     shared_lengthscale: float = 1.0
-    shared_variance: float = 1.0
+    shared_variance: float = 0.01
     private_lengthscale: float = 1.0
-    private_variance: float = 0.5
+    private_variance: float = 0.005
     top_lengthscale: float = 1.0
     top_variance: float = 1.0
     learn_inducing: bool = True
@@ -85,11 +101,12 @@ class MultitaskOptions:
     def __post_init__(self):
         for name, value, allowed in (("minibatch", self.minibatch, MINIBATCHES),
                                      ("inner_mean", self.inner_mean, INNER_MEANS),
+                                     ("top_mean", self.top_mean or "zero", TOP_MEANS),
                                      ("coregionalisation", self.coregionalisation,
                                       COREGIONALISATIONS)):
             if value not in allowed:
                 raise ValueError(f"unknown {name} '{value}'; choose from {allowed}")
-        if self.num_samples < 1 or self.num_inducing < 1:
+        if self.num_samples < 1 or (self.num_inducing is not None and self.num_inducing < 1):
             raise ValueError("num_samples and num_inducing must be at least 1")
 
     def resolved(self, kind: str, num_tasks: int, input_dim: int) -> MultitaskOptions:
@@ -104,10 +121,20 @@ class MultitaskOptions:
                 or (kind == "idgp" and (shared or not private)) or shared + private == 0):
             raise ValueError(f"{kind} cannot have {shared} shared and {private} private "
                              "processes")
-        split = kind == "mmdgp" and shared and private
-        shared_width = self.shared_width or (math.ceil(inner / 2) if split else inner)
-        private_width = self.private_width or (max(inner - shared_width, 1) if split else inner)
-        return replace(self, inner_width=inner, num_shared=shared, shared_width=shared_width,
-                       num_private=private, private_width=private_width,
+        top_mean = self.top_mean or ("linear" if kind in TASK_TOPS_ON_LATENTS else "zero")
+        if top_mean == "linear" and kind in ("cgp", "cmdgp"):
+            raise ValueError(f"{kind}'s coregionalised top layer has no linear mean; use "
+                             "top_mean='zero'")
+        return replace(self, inner_width=inner, num_shared=shared,
+                       shared_width=self.shared_width or inner, num_private=private,
+                       private_width=self.private_width or inner,
                        num_coregional=self.num_coregional or inner,
-                       coregional_rank=self.coregional_rank or min(num_tasks, 2))
+                       coregional_rank=self.coregional_rank or min(num_tasks, 2),
+                       top_mean=top_mean)
+
+    def with_inducing_for(self, counts: list[int]) -> MultitaskOptions:
+        """``num_inducing`` resolved for tasks of ``counts`` rows: the rows of the largest
+        task, at most :data:`MAX_DEFAULT_INDUCING` (unchanged when given)."""
+        if self.num_inducing is not None:
+            return self
+        return replace(self, num_inducing=max(1, min(max(counts), MAX_DEFAULT_INDUCING)))

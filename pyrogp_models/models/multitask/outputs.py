@@ -1,13 +1,16 @@
 """The top layer of a multitask GP: the outputs f^t given the latent space λ^t (or the inputs x,
 for the single-layer baselines).
 
-- :class:`TaskGPs`: one GP per task, f^t ~ GP(0, k^t(λ, λ')) with an ARD Matérn-5/2 kernel
-  (Boustati et al., eqs. 1 and 10): mMDGP, sMDGP, iDGP and, on x, iGP;
+- :class:`TaskGPs`: one GP per task, f^t ~ GP(m^t(λ), k^t(λ, λ')) with an ARD kernel (Boustati
+  et al., eqs. 1 and 10): mMDGP, sMDGP, iDGP and, on x, iGP. The mean is zero (the paper's) or
+  a learned linear m^t(λ) = λ b^t (``linear_mean``): then f^t = λ b^t + φ^t(λ) holds a linear
+  coregionalisation of the shared latent processes (the paper's eq. 11) next to the non-linear
+  mixing φ^t, so a task can use what the other tasks say at the same inputs;
 - :class:`CoregionalisedGP`: one coregionalised GP for all tasks, f^t(λ) = Σ_r W_tr φ_r(λ) with
   R independent latent GPs φ_r — the ICM kernel B[t, t'] k(λ, λ') with B = WWᵀ when the φ_r
   share one kernel, the LMC otherwise (Bonilla et al. 2007; Sec. 2.3): cMDGP and, on x, cGP.
 
-Both are :class:`~pyrogp_models.layers.SparseGPLayer` batches with zero mean and L outputs per
+Both are :class:`~pyrogp_models.layers.SparseGPLayer` batches with L outputs per
 task (L = C for C classes; the L outputs share kernel and inducing inputs). ``marginals`` gives the
 variational marginals of f^t at the points of task t only, ``conditional`` their law given
 whitened inducing draws; λ arrives in the per-task layout [..., T', P, D^λ], results leave as
@@ -19,10 +22,9 @@ from __future__ import annotations
 import torch
 from pyro.nn import PyroModule, PyroParam
 
-from pyrogp_models.kernels import Stationary
 from pyrogp_models.layers import SparseGPLayer
 from pyrogp_models.likelihoods import latent_layout
-from pyrogp_models.models.multitask.processes import KERNEL
+from pyrogp_models.models.multitask.kernel import process_kernel
 
 
 class TaskGPs(PyroModule):
@@ -31,29 +33,42 @@ class TaskGPs(PyroModule):
     Args:
         inducing: initial Z [T, M, D^λ] (in λ-space).
         num_latent: L.
-        lengthscale, variance: initial ARD Matérn-5/2 hyperparameters.
+        lengthscale, variance: initial ARD hyperparameters.
         jitter, learn_inducing: as for :class:`SparseGPLayer`.
+        linear_mean: a learned linear mean m^t(λ) = λ b^t, b^t [D^λ, L] starting at 0 (else 0).
     """
 
     def __init__(self, inducing: torch.Tensor, num_latent: int, *, lengthscale: float,
-                 variance: float, jitter: float, learn_inducing: bool):
+                 variance: float, jitter: float, learn_inducing: bool,
+                 linear_mean: bool = False):
         super().__init__()
         num_tasks, _, width = inducing.shape
-        kernel = Stationary(KERNEL, width, (num_tasks, 1), ard=True, lengthscale=lengthscale,
-                            variance=variance, dtype=inducing.dtype, device=inducing.device)
+        kernel = process_kernel(width, (num_tasks, 1), ard=True, lengthscale=lengthscale,
+                                variance=variance, like=inducing)
         self.layer = SparseGPLayer(kernel, inducing.unsqueeze(-3), (num_tasks, num_latent),
                                    learn_inducing=learn_inducing, jitter=jitter)
+        if linear_mean:
+            self.mean_weights = PyroParam(inducing.new_zeros(num_tasks, width, num_latent))
+        else:
+            self.mean_weights = None
 
     def marginals(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q(f^t) at λ [..., T', P, D^λ] (eq. 21, given λ): mean and variance [..., T, P(, L)]."""
         mean, var = self.layer.marginals(latent.unsqueeze(-3))
-        return latent_layout(mean), latent_layout(var)
+        return latent_layout(mean + self.mean(latent)), latent_layout(var)
 
     def conditional(self, whitened: torch.Tensor, latent: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """p(f^t | v) at λ given whitened inducing draws [..., T, L, M]."""
         mean, var = self.layer.conditional_on(whitened, latent.unsqueeze(-3))
-        return latent_layout(mean), latent_layout(var.expand(*var.shape[:-2], *mean.shape[-2:]))
+        return (latent_layout(mean + self.mean(latent)),
+                latent_layout(var.expand(*var.shape[:-2], *mean.shape[-2:])))
+
+    def mean(self, latent: torch.Tensor) -> torch.Tensor | float:
+        """m^t(λ) = λ b^t at λ [..., T', P, D^λ]: [..., T, L, P] (0 without a linear mean)."""
+        if self.mean_weights is None:
+            return 0.0
+        return (latent @ self.mean_weights).mT
 
     def kl(self) -> torch.Tensor:
         """Σ_t KL[q(F̃^t) ‖ p(F̃^t)] over tasks and outputs (a scalar; eq. 9)."""
@@ -77,26 +92,44 @@ class CoregionalisedGP(PyroModule):
         mixing: initial W [T, R].
         icm: the φ_r share one kernel (else each has its own: LMC).
         lengthscale, variance, jitter, learn_inducing: as for :class:`TaskGPs`.
+        joint: one q(v) over the R·M whitened inducing values of all latent GPs (else one per
+            latent GP and output; L = 1 only): with a Gaussian likelihood the ELBO is then a
+            concave quadratic in q, so a unit natural-gradient step puts q at its optimum.
     """
 
     def __init__(self, inducing: torch.Tensor, num_latent: int, mixing: torch.Tensor, *,
                  icm: bool, lengthscale: float, variance: float, jitter: float,
-                 learn_inducing: bool):
+                 learn_inducing: bool, joint: bool = False):
         super().__init__()
+        if joint and num_latent != 1:
+            raise ValueError("a joint q over the latent GPs takes one output per task")
         rank = mixing.shape[-1]
         size, width = inducing.shape
-        kernel = Stationary(KERNEL, width, (1 if icm else rank, 1), ard=True,
-                            lengthscale=lengthscale, variance=variance, dtype=inducing.dtype,
-                            device=inducing.device)
+        kernel = process_kernel(width, (1 if icm else rank, 1), ard=True,
+                                lengthscale=lengthscale, variance=variance, like=inducing)
         self.layer = SparseGPLayer(kernel, inducing.expand(rank, 1, size, width).clone(),
                                    (rank, num_latent), learn_inducing=learn_inducing,
-                                   jitter=jitter)
+                                   jitter=jitter, covariance="joint" if joint else "meanfield")
         self.mixing = PyroParam(mixing)
 
     def marginals(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q(f^t) at λ [..., T', P, D^λ]: mean Σ_r W_tr μ_r, variance Σ_r W_tr² σ_r² (the φ_r
-        are independent under q) [..., T, P(, L)]."""
-        return self._mix(*self.layer.marginals(self._points(latent)), latent)
+        """q(f^t) at λ [..., T', P, D^λ]: mean Σ_r W_tr μ_r and variance Σ_r W_tr² σ_r² (a q per
+        latent GP: the φ_r independent) or Σ_r W_tr² (k − ‖a_r‖²) + ‖L_qᵀ b‖² with
+        b = (W_tr a_r)_r (a joint q = N(m, L_q L_qᵀ)), a_r = chol(K_zz,r)⁻¹ k_r(Z_r, λ)
+        [..., T, P(, L)]."""
+        points = self._points(latent)
+        if self.layer.covariance == "meanfield":
+            return self._mix(*self.layer.marginals(points), latent)
+        A = self.layer.projection(points)                                  # [..., R, 1, M, n]
+        A = A.expand(*A.shape[:-4], *self.layer.batch_shape, *A.shape[-2:])
+        mean = (A.mT @ self.layer.q_mean.unsqueeze(-1)).squeeze(-1)        # [..., R, L, n]
+        prior = (self.layer.kernel.diag(points) - A.square().sum(-2)).clamp_min(0.0)
+        mean, prior = self._mix(mean, prior.expand_as(mean), latent)       # [..., T, P(, L)]
+        tasks, slots = self.mixing.shape[0], latent.shape[-2]
+        a = A.unflatten(-1, latent.shape[-3:-1]).movedim(-1, -5).movedim(-1, -5)
+        a = a.expand(*a.shape[:-5], tasks, slots, *a.shape[-3:])           # [..., T, P, R, L, M]
+        b = (a * self.mixing[:, None, :, None, None]).flatten(-3)          # [..., T, P, R·L·M]
+        return mean, prior + (b @ self.layer.q_sqrt).square().sum(-1)
 
     def conditional(self, whitened: torch.Tensor, latent: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:

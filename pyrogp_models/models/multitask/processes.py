@@ -3,10 +3,11 @@ eq. 1) and the latent space λ^t they span.
 
 A :class:`ProcessBlock` is K processes of W outputs each — once for all tasks (the shared g_i) or
 once per task (the private h_j^t) — as one :class:`~pyrogp_models.layers.SparseGPLayer` with
-batch ([T,] K, W): every output an independent GP; the outputs of a process share its Matérn-5/2
-kernel and inducing inputs; a fixed linear mean m(x) = xW. Inputs arrive in the per-task layout
-[T', P, D] (T' = T, or 1 for inputs common to all tasks): a shared block evaluates every slot, a
-private block only its own task's.
+batch ([T,] K, W): every output an independent GP; the outputs of a process share its kernel
+(:mod:`.kernel`) and inducing inputs; a fixed linear mean m(x) = xW. A shared process has M
+inducing inputs like a private one, so its cost is linear in the number of tasks. Inputs arrive
+in the per-task layout [T', P, D] (T' = T, or 1 for inputs common to all tasks): a shared block
+evaluates every slot, a private block only its own task's.
 
 Latent spaces (how λ^t is made from the blocks' outputs, given per-point draws of them):
 
@@ -26,10 +27,8 @@ from __future__ import annotations
 import torch
 from pyro.nn import PyroModule, PyroParam
 
-from pyrogp_models.kernels import Stationary
 from pyrogp_models.layers import SparseGPLayer
-
-KERNEL = "matern52"
+from pyrogp_models.models.multitask.kernel import process_kernel
 
 
 def linear_mean(X: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor | float:
@@ -53,8 +52,8 @@ class ProcessBlock(PyroModule):
                  q_scale: float, jitter: float, learn_inducing: bool):
         super().__init__()
         *groups, _, input_dim = inducing.shape
-        kernel = Stationary(KERNEL, input_dim, (*groups, 1), ard=ard, lengthscale=lengthscale,
-                            variance=variance, dtype=inducing.dtype, device=inducing.device)
+        kernel = process_kernel(input_dim, (*groups, 1), ard=ard, lengthscale=lengthscale,
+                                variance=variance, like=inducing)
         self.layer = SparseGPLayer(kernel, inducing.unsqueeze(-3), (*groups, width),
                                    learn_inducing=learn_inducing, jitter=jitter,
                                    q_scale=q_scale)

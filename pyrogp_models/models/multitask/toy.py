@@ -6,6 +6,9 @@ and private processes h1, h2 non-linearly, on x ∈ [0, 1]:
 
 The paper gives no sizes; the spec's protocol (Sec. 2.1): N^t = 50 points per task at independent
 U[0, 1] inputs, noise sd 0.05, optionally a gap in task 2, a 500-point test grid.
+
+:func:`warped_tasks` is a transfer toy unlike the paper's: one shared periodic latent warped
+differently per task, task 2 with a gap where task 1 is observed.
 """
 
 from __future__ import annotations
@@ -39,3 +42,35 @@ def toy_grid(num_points: int = 500) -> tuple[np.ndarray, np.ndarray]:
     """A test grid X [N, 1] on [0, 1] and the noiseless f1, f2 there [2, N]."""
     x = np.linspace(0.0, 1.0, num_points)
     return x[:, None], toy_functions(x)
+
+
+def warped_functions(x: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Two tasks that warp one shared latent differently (a transfer toy unlike the paper's): a
+    seeded periodic g(x) = sin(2π(k x + φ)), k ∈ [1.5, 2.5], and f1 = g + 0.4 g²,
+    f2 = 1.5 tanh(2g) − 0.5 g at x [N]: [2, N]."""
+    rng = np.random.default_rng(1000 + seed)
+    frequency, phase = rng.uniform(1.5, 2.5), rng.uniform(0.0, 1.0)
+    g = np.sin(2 * np.pi * (frequency * x + phase))
+    return np.stack([g + 0.4 * g**2, 1.5 * np.tanh(2 * g) - 0.5 * g])
+
+
+def warped_gap(seed: int = 0, width: float = 0.2) -> tuple[float, float]:
+    """The seeded gap of task 2 in :func:`warped_tasks`: ``width`` wide inside [0.15, 0.85]."""
+    start = np.random.default_rng(2000 + seed).uniform(0.15, 0.85 - width)
+    return float(start), float(start + width)
+
+
+def warped_tasks(num_points: int = 60, noise: float = 0.05, seed: int = 0
+                 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Training pairs of :func:`warped_functions` at independent U[0, 1] inputs per task; task 2
+    has no points in :func:`warped_gap`."""
+    rng = np.random.default_rng(seed)
+    gap = warped_gap(seed)
+    pairs = []
+    for task in range(2):
+        x = rng.uniform(0.0, 1.0, num_points)
+        if task == 1:
+            x = x[(x < gap[0]) | (x > gap[1])]
+        pairs.append((x[:, None], warped_functions(x, seed)[task]
+                      + noise * rng.standard_normal(len(x))))
+    return pairs

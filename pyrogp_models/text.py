@@ -1,4 +1,5 @@
-"""Plain-text tables for the command line and the demo."""
+"""Plain text for people: numbers with a few significant digits and aligned tables (the command
+line, the files' descriptions, the demo)."""
 
 from __future__ import annotations
 

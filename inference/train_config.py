@@ -1,0 +1,81 @@
+"""How to train: :class:`TrainConfig`, the settings of the library's one trainer
+(:func:`pyrogp_models.inference.trainer.train`), and the default settings of every fit.
+
+Plain values with no torch in them, so that the command line quotes the defaults in its help
+without importing the libraries that train.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+OPTIMIZERS = ("adam", "lbfgs")
+
+
+@dataclass
+class TrainConfig:
+    """How to train.
+
+    ``steps`` is the maximum number of optimiser steps; ``tol``/``window`` the convergence test
+    (None: run all steps); ``natural_gradient_lr`` the step size γ of a natural-gradient step on
+    every q(u) before each optimiser step (None: q(u) is optimised with the other parameters);
+    ``hooks_in_closure``: with torch's L-BFGS, run the hooks before every evaluation of the loss
+    instead (a unit natural-gradient step on a conjugate q(u) then makes L-BFGS minimise the
+    collapsed bound of the other parameters); ``time_budget`` a limit in seconds.
+    """
+
+    optimizer: str = "adam"
+    lr: float = 0.05
+    steps: int = 1000
+    tol: float | None = 1e-6
+    window: int = 50
+    seed: int | None = 0
+    progress: bool = False
+    checkpoint: str | Path | None = None
+    checkpoint_every: int = 500
+    resume: bool = False
+    natural_gradient_lr: float | None = None
+    hooks_in_closure: bool = False
+    time_budget: float | None = None
+
+    def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer '{self.optimizer}'; choose adam or lbfgs")
+        gamma = self.natural_gradient_lr
+        if gamma is not None and not 0.0 < gamma <= 1.0:
+            raise ValueError(f"natural_gradient_lr must be in (0, 1], got {gamma}")
+        if self.steps < 0 or self.window < 1:
+            raise ValueError(f"steps must be ≥ 0 and window ≥ 1, got {self.steps}, {self.window}")
+
+
+#: Gaussian likelihoods (local fits and meta-GPs): the collapsed bound, fitted by L-BFGS with one
+#: memory and one step length per independent member (:mod:`pyrogp_models.inference.
+#: batched_lbfgs`), stopping when every member's bound changes by less than 1e-6 (relative)
+#: over 10 iterations.
+COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, window=10, tol=1e-6)
+#: The uncollapsed bound (other likelihoods, minibatches): a unit natural-gradient step on every
+#: q(u) (exact for Gaussian terms, safeguarded otherwise) before each Adam step on the other
+#: parameters.
+UNCOLLAPSED_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=50, tol=1e-6,
+                                 natural_gradient_lr=1.0)
+#: The natural-gradient step size with minibatches (a unit step would follow one batch's noise).
+MINIBATCH_NATURAL_GRADIENT = 0.2
+#: Exact experts: L-BFGS on the summed log marginal likelihood, at most 10 × 20 iterations (the
+#: authors' code runs SciPy L-BFGS-B for 200 iterations); stops when a step no longer changes the
+#: loss.
+EXPERTS_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=10, window=1, tol=1e-9)
+#: The distributed kernel: Adam at learning rate 0.05 on the kernel, Z and the likelihood (q(v)
+#: by its solve hook), stopping when the bound changes by less than 1e-6 (relative) over 50
+#: steps, at most 1000 steps.
+DISTRIBUTED_KERNEL_CONFIG = TrainConfig(steps=1000, lr=0.05, window=50, tol=1e-6)
+#: Multitask models with a deterministic objective (single-layer iGP, cGP): L-BFGS (lr 1, strong
+#: Wolfe), at most 500 steps of 20 iterations, converged when the ELBO changes by < 1e-9
+#: (relative) over 2 steps.
+MULTITASK_SHALLOW_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, tol=1e-9, window=2)
+#: Multitask deep GPs: Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of
+#: 100 steps changes by < 1e-5 (relative) beyond twice its standard error.
+MULTITASK_DEEP_CONFIG = TrainConfig(lr=0.01, steps=20000, tol=1e-5, window=100)
+#: The most inducing inputs per process a multitask model takes by default (fewer when the
+#: largest task has fewer rows).
+MULTITASK_MAX_DEFAULT_INDUCING = 100

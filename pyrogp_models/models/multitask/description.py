@@ -1,0 +1,91 @@
+"""What ``pyrogp info`` tells about a multitask file: a text description and a JSON-able summary.
+
+Both give the kind, tasks, inputs, likelihood, M, the top layer's ARD weights ω = 1/ℓ² (Boustati
+et al. eq. 10) and the fit as the file records it: the final ELBO (estimated precisely, see
+:func:`pyrogp_models.inference.multitask_fit.estimate_elbo`), which state was kept (a deep model
+that ended below the shallow model it contains keeps that embedding), the steps, seconds and
+convergence of every phase.
+"""
+
+from __future__ import annotations
+
+from pyrogp_models.models.multitask.families import SUMMARIES
+from pyrogp_models.models.multitask.outputs import CoregionalisedGP
+from pyrogp_models.models.multitask.prediction import MultitaskPredictor
+from pyrogp_models.text import format_number, format_table
+
+#: The fit record's keys that a summary repeats.
+FIT_KEYS = ("elbo", "kept", "steps", "seconds", "converged", "phases")
+
+
+def multitask_summary(predictor: MultitaskPredictor) -> dict:
+    """The model and its fit as JSON-able values."""
+    model, info = predictor.model, predictor.info
+    tasks = info.get("tasks") or [str(t) for t in range(model.num_tasks)]
+    parameters = {key: value.detach().tolist()
+                  for key, value in model.likelihood.parameter_values().items()}
+    return {"model": model.kind, "summary": SUMMARIES[model.kind], "tasks": tasks,
+            "num_data": info.get("num_data"),
+            "features": info.get("features") or [f"x{d}" for d in range(model.input_dim)],
+            "likelihood": {"name": model.likelihood.name, **model.likelihood.options(),
+                           **parameters},
+            "num_inducing": model.options.num_inducing,
+            "ard_weights": model.ard_weights().detach().tolist(),
+            "shared_columns": model.latent.shared_width if model.is_deep else None,
+            "predictive_samples": predictor.num_samples if model.is_deep else 1,
+            **{key: info[key] for key in FIT_KEYS if key in info}}
+
+
+def describe_multitask(predictor: MultitaskPredictor) -> str:
+    """The kind, tasks, layer sizes, per-task likelihood parameters, top-layer ARD weights and
+    the fit (final ELBO, kept state, phases) of a multitask model, as lines of text."""
+    model, info = predictor.model, predictor.info
+    summary = multitask_summary(predictor)
+    likelihood = model.likelihood
+    options = ", ".join(f"{key}={value}" for key, value in likelihood.options().items())
+    lines = [f"multitask model: {model.kind} ({summary['summary']})",
+             f"{model.num_tasks} tasks, {model.input_dim} input{'s' * (model.input_dim > 1)} "
+             f"({', '.join(summary['features'])}); "
+             f"likelihood {likelihood.name}" + (f" ({options})" if options else ""),
+             f"M = {model.options.num_inducing} inducing inputs per process; q(u) shapes: "
+             + ", ".join(f"{name} {list(layer.q_mean.shape)}"
+                         for name, layer in model.variational_sites())]
+    weights = model.ard_weights().detach()
+    per_task = not isinstance(model.top, CoregionalisedGP)
+    parameters = {key: value.detach() for key, value in likelihood.parameter_values().items()}
+    counts = summary["num_data"]
+
+    def row_text(row) -> str:
+        return ", ".join(format_number(value, 3) for value in row.tolist())
+
+    rows = [(name, counts[t] if counts else "-",
+             *(format_number(float(value[t]), 4) for value in parameters.values()),
+             *([row_text(weights[t])] if per_task else []))
+            for t, name in enumerate(summary["tasks"])]
+    lines += ["", format_table(["task", "N", *parameters, *(["ARD weights"] if per_task else [])],
+                               rows), ""]
+    if not per_task:
+        lines.append("ARD weights of the shared top-layer kernel(s): "
+                     + " | ".join(row_text(row) for row in weights))
+    if model.is_deep:
+        lines.append(f"ARD weights are over the {weights.shape[-1]} columns of the latent space "
+                     f"λ, the first {model.latent.shared_width} from shared processes")
+    if "elbo" in info:
+        status = "converged" if info.get("converged") else "not converged"
+        kept = info.get("kept")
+        kept_text = f", kept at the {kept} it contains" if kept and kept != model.kind else ""
+        seconds = f", {info['seconds']:.1f} s" if "seconds" in info else ""
+        lines.append(f"fit: final ELBO {info['elbo']:.6g}{kept_text}, {info.get('steps')} "
+                     f"steps{seconds}, {status}")
+        for phase in info.get("phases", []):
+            lines.append(f"  phase {phase['model']}: {phase['steps']} steps, "
+                         f"{phase['seconds']:.1f} s, "
+                         f"{'converged' if phase['converged'] else 'not converged'}, "
+                         f"ELBO {phase['elbo']:.6g}")
+    if "targets" in info:
+        lines.append(f"table: task column '{info['task_column']}', target '{info['targets'][0]}'"
+                     if info.get("task_column") else "table: one target column per task")
+    if model.is_deep:
+        lines.append(f"predictions: a mixture of S = {predictor.num_samples} draws of λ")
+    lines.append("kernel hyperparameters and Gaussian noise refer to the standardised data")
+    return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""How multitask models start and train: at zero KL, at the shallow model they contain, never
+ending below it; Pyro's Trace_ELBO agrees with TraceMeanField_ELBO (float64, the paper's toy)."""
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+from pyrogp_models.inference.multitask_fit import (
+    MultitaskSpec,
+    default_config,
+    estimate_elbo,
+    fit_multitask_dgp,
+)
+from pyrogp_models.inference.trainer import TrainConfig, train
+
+from multitask_helpers import randomise, toy_data, toy_model
+from pyrogp_models.models.multitask import MODELS, build_model, toy_tasks
+from pyrogp_models.models.multitask.options import MAX_DEFAULT_INDUCING, MultitaskOptions
+from pyrogp_models.models.multitask.warm_start import CONTAINED, SWITCHED_OFF, embed_shallow
+
+DEEP = sorted(CONTAINED)
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+@pytest.mark.parametrize("kind", DEEP)
+def test_a_deep_model_starts_at_zero_inner_kl(kind):
+    model = toy_model(kind)
+    assert float(model.latent.kl()) == 0.0
+    for _, block in model.latent.blocks():
+        eye = torch.eye(block.layer.num_inducing).expand_as(block.layer.q_sqrt)
+        assert torch.equal(block.layer.q_sqrt.detach(), eye)
+
+
+def loss_estimates(model, elbo, draws: int) -> torch.Tensor:
+    pyro.set_rng_seed(3)
+    with torch.no_grad():
+        return torch.stack([elbo.differentiable_loss(model.model, model.guide)
+                            for _ in range(draws)])
+
+
+def assert_estimators_agree(model, draws: int = 200) -> None:
+    """Trace_ELBO adds log q(v) − log p(v) − KL of a draw, zero in expectation: both estimators
+    are finite and agree within four standard errors."""
+    plain = loss_estimates(model, Trace_ELBO(), draws)
+    mean_field = loss_estimates(model, TraceMeanField_ELBO(), draws)
+    assert bool(torch.isfinite(plain).all()) and bool(torch.isfinite(mean_field).all())
+    error = math.sqrt((plain.var() + mean_field.var()) / draws)
+    assert abs(float(plain.mean() - mean_field.mean())) <= 4 * error + 1e-9
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_trace_elbo_agrees_with_mean_field_at_the_start_and_after_training(kind):
+    model = toy_model(kind, num_points=15, num_inducing=6)
+    assert_estimators_agree(model)
+    train(model, config=TrainConfig(lr=0.02, steps=150, tol=None, seed=0))
+    assert_estimators_agree(model)
+
+
+@pytest.mark.parametrize("kind", DEEP)
+def test_a_deep_model_embedding_its_shallow_model_has_the_shallow_elbo(kind):
+    data, _ = toy_data(20, gap=(0.3, 0.6))
+    shallow = randomise(build_model(CONTAINED[kind], data, MultitaskOptions(num_inducing=7)))
+    deep = build_model(kind, data, MultitaskOptions(num_inducing=7))
+    assert embed_shallow(deep, shallow, SWITCHED_OFF)
+    assert estimate_elbo(deep) == pytest.approx(float(shallow.elbo()), rel=1e-6)
+    # at the training start (a small inner variance) the predictions are nearly the shallow ones
+    embed_shallow(deep, shallow)
+    x = data.X[:5].unsqueeze(0).expand(2, -1, -1)
+    _, deep_mean, _ = deep.output_moments(x, deep.draw_noise(1, (2, 5), x))
+    _, shallow_mean, _ = shallow.output_moments(x, None)
+    assert torch.allclose(deep_mean[0], shallow_mean[0], atol=0.05)
+
+
+def test_a_deep_fit_wrecked_by_its_optimiser_keeps_the_shallow_model():
+    pairs = toy_tasks(20, seed=1)
+    wreck = TrainConfig(lr=3.0, steps=20, tol=None, seed=0)
+    fit = fit_multitask_dgp(pairs, MultitaskSpec(model="smdgp", num_inducing=6), wreck)
+    shallow = fit.phases[0]
+    assert [phase.model for phase in fit.phases] == ["igp", "smdgp"]
+    assert fit.phases[1].elbo < shallow.elbo and fit.kept == "igp"
+    assert fit.elbo == pytest.approx(shallow.elbo, abs=1e-4)
+
+
+def test_a_deep_fit_that_improves_keeps_the_deep_model():
+    fit = fit_multitask_dgp(toy_tasks(20, seed=1), MultitaskSpec(model="smdgp", num_inducing=6),
+                            TrainConfig(lr=0.01, steps=300, tol=None, seed=0,
+                                        natural_gradient_lr=0.1))
+    assert fit.kept == "smdgp" and fit.elbo == fit.phases[1].elbo > fit.phases[0].elbo
+
+
+def test_the_default_inducing_inputs_are_the_largest_tasks_rows_up_to_a_cap():
+    data, _ = toy_data(30, gap=(0.2, 0.5))
+    counts = torch.bincount(data.task).tolist()
+    assert build_model("igp", data).options.num_inducing == max(counts)
+    assert MultitaskOptions().with_inducing_for([5, 10**5]).num_inducing == MAX_DEFAULT_INDUCING
+    assert MultitaskOptions(num_inducing=4).with_inducing_for([50]).num_inducing == 4
+
+
+def test_shared_processes_and_coregionalised_gps_have_m_inducing_inputs_not_m_times_t():
+    data, _ = toy_data(20)
+    for kind in ("smdgp", "cmdgp", "cgp"):
+        model = build_model(kind, data, MultitaskOptions(num_inducing=6))
+        assert {layer.num_inducing for _, layer in model.variational_sites()} == {6}
+
+
+def test_a_gaussian_igp_by_default_reaches_the_collapsed_optimum():
+    """L-BFGS with q(u) at its optimum before every evaluation: the trained q(u) is optimal for
+    the trained hyperparameters (another unit natural-gradient step changes the ELBO by
+    rounding only)."""
+    spec = MultitaskSpec(model="igp", num_inducing=8)
+    fit = fit_multitask_dgp(toy_tasks(25, seed=2), spec)
+    assert fit.result.converged and default_config(spec).optimizer == "lbfgs"
+    from pyrogp_models.inference.natural_gradient import NaturalGradient
+
+    before = float(fit.model.elbo())
+    NaturalGradient(fit.model, 1.0)(lambda: -fit.model.elbo())
+    assert float(fit.model.elbo()) == pytest.approx(before, abs=1e-6)
