@@ -13,8 +13,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.local_fit import LocalFitSpec, PartitionedData, model_inputs
-from pyrogp_models.inference.train_config import EXPERTS_CONFIG, TrainConfig
+from pyrogp_models.inference.local_fit import (
+    LocalFitSpec,
+    PartitionedData,
+    model_inputs,
+)
+from pyrogp_models.inference.restarts import restart_scales
+from pyrogp_models.inference.train_config import DEFAULT_RESTARTS, EXPERTS_CONFIG, TrainConfig
 from pyrogp_models.inference.trainer import TrainResult, train
 
 from pyrogp_models.data.columns import Columns
@@ -34,11 +39,14 @@ DEFAULT_TRAIN_CONFIG = EXPERTS_CONFIG
 class ExpertsSpec:
     """The shared kernel (a name or expression, or a kernel whose given values are in data
     units; ARD for a name), initial lengthscales, variances and noise in standardised units for
-    what the kernel does not give, the rule and weighting of the result's predictor, and the
-    data columns (feature and target names, units), names and info of the exported modules."""
+    what the kernel does not give, the starts to fit from (the best log marginal likelihood is
+    kept; :func:`~pyrogp_models.inference.restarts.restart_scales`), the rule and weighting of
+    the result's predictor, and the data columns (feature and target names, units), names and
+    info of the exported modules."""
 
     kernel: str | torch.nn.Module = "rbf"
     ard: bool = False
+    restarts: int = DEFAULT_RESTARTS
     lengthscale: float = 1.0
     variance: float = 1.0
     noise: float = 0.1
@@ -72,10 +80,16 @@ def fit_exact_experts(data: PartitionedData | tuple, spec: ExpertsSpec | None = 
         X, y, LocalFitSpec(dtype=spec.dtype, device=spec.device))
     kernel = kernel_in_model_units(resolve_kernel(spec.kernel, X_model.shape[-1], spec.ard),
                                    standardisation)
-    model = ExactExperts(X_model, y_model, partition, kernel, spec.ard, spec.lengthscale,
-                         spec.variance, spec.noise)
     config = config or DEFAULT_TRAIN_CONFIG
-    result = train(model, config=config) if config.steps > 0 else TrainResult(converged=True)
+    best = None
+    for lengthscale, noise in restart_scales(spec.restarts if config.steps > 0 else 1).tolist():
+        model = ExactExperts(X_model, y_model, partition, kernel, spec.ard,
+                             spec.lengthscale * lengthscale, spec.variance, spec.noise * noise)
+        result = train(model, config=config) if config.steps > 0 else TrainResult(converged=True)
+        value = float(model.log_marginal().sum())
+        if best is None or value > best[0]:
+            best = (value, model, result)
+    _, model, result = best
     modules = model.to_modules(standardisation, spec.names,
                                info={"partition_rule": partition.rule.get("kind"),
                                      **(spec.info or {})})

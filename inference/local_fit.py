@@ -17,9 +17,11 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from pyrogp_models.inference import restarts
 from pyrogp_models.inference.fit_result import Fit
 from pyrogp_models.inference.train_config import (
     COLLAPSED_CONFIG,
+    DEFAULT_RESTARTS,
     MINIBATCH_NATURAL_GRADIENT,
     UNCOLLAPSED_CONFIG,
     TrainConfig,
@@ -32,7 +34,7 @@ from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.kernels import resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.models.experts.predictor import ExpertCombination
-from pyrogp_models.models.local.local_gps import LocalGPs
+from pyrogp_models.models.local.local_gps import LocalGPs, initial_inducing
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.routing import as_predictor
@@ -66,7 +68,9 @@ class LocalFitSpec:
 
     ``collapsed=None`` (the default) is the collapsed bound for a Gaussian likelihood without
     minibatches and the uncollapsed ELBO otherwise; ``noise=None`` initialises every
-    partition's Gaussian noise from its own data (:class:`LocalGPs`)."""
+    partition's Gaussian noise from its own data (:class:`LocalGPs`). ``restarts``: fit every
+    partition from that many starts and go on from the best (:mod:`pyrogp_models.inference.
+    restarts`; default :data:`DEFAULT_RESTARTS`, 1 with minibatches)."""
 
     num_inducing: int | Sequence[int] = 10
     likelihood: str = "gaussian"
@@ -78,6 +82,7 @@ class LocalFitSpec:
     collapsed: bool | None = None
     batch_size: int | None = None
     noise: float | None = None
+    restarts: int | None = None
     dtype: torch.dtype = torch.float64
     device: str | torch.device = "cpu"
     names: Sequence[str] | None = None
@@ -135,11 +140,21 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
     kernel = kernel_in_model_units(resolve_kernel(spec.kernel, X_model.shape[-1], spec.ard),
                                    standardisation,
                                    LIKELIHOODS[spec.likelihood].standardise_targets)
-    model = LocalGPs(X_model, y_model, partition, spec.num_inducing, spec.likelihood,
-                     spec.likelihood_options, kernel, spec.ard, spec.inducing_init,
-                     spec.learn_inducing, collapsed_bound(spec), spec.batch_size,
-                     noise=spec.noise, generator=seeded_generator(config, spec),
-                     inducing=spec.inducing)
+
+    def build(X, y, partition, inducing, start_scales=None) -> LocalGPs:
+        return LocalGPs(X, y, partition, spec.num_inducing, spec.likelihood,
+                        spec.likelihood_options, kernel, spec.ard, spec.inducing_init,
+                        spec.learn_inducing, collapsed_bound(spec), spec.batch_size,
+                        noise=spec.noise, inducing=inducing, start_scales=start_scales)
+
+    inducing = spec.inducing or initial_inducing(X_model, y_model, partition, spec.num_inducing,
+                                                 spec.inducing_init,
+                                                 seeded_generator(config, spec))
+    model = build(X_model, y_model, partition, inducing)
+    if number_of_restarts(spec) > 1:
+        _, state = restarts.screen(build, X_model, y_model, partition, inducing,
+                                   number_of_restarts(spec), replace(config, pin=False))
+        model.load_state_dict(state, strict=False)
     result = train(model, config=config)
     converged = model.partition_values(result.member_converged or [])
     modules = model.to_modules(standardisation, spec.names,
@@ -149,6 +164,16 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
         module.info["converged"] = bool(converged[k]) if converged else result.converged
     modules = {name: replace(module, columns=spec.columns) for name, module in modules.items()}
     return model, result, modules, standardisation
+
+
+def number_of_restarts(spec: LocalFitSpec) -> int:
+    """The starts per partition: as asked, else :data:`DEFAULT_RESTARTS` (1 with minibatches,
+    whose estimated bound cannot tell the starts apart reliably)."""
+    if spec.restarts is not None:
+        if spec.restarts < 1:
+            raise ValueError(f"restarts must be at least 1, got {spec.restarts}")
+        return spec.restarts
+    return 1 if spec.batch_size is not None else DEFAULT_RESTARTS
 
 
 def collapsed_bound(spec: LocalFitSpec) -> bool:

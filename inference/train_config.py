@@ -22,7 +22,10 @@ class TrainConfig:
     every q(u) before each optimiser step (None: q(u) is optimised with the other parameters);
     ``hooks_in_closure``: with torch's L-BFGS, run the hooks before every evaluation of the loss
     instead (a unit natural-gradient step on a conjugate q(u) then makes L-BFGS minimise the
-    collapsed bound of the other parameters); ``time_budget`` a limit in seconds.
+    collapsed bound of the other parameters); ``time_budget`` a limit in seconds; ``pin``:
+    independent members under the batched L-BFGS end pinned at their optimum
+    (:meth:`~pyrogp_models.inference.batched_lbfgs.BatchedLBFGS.pinned`) once they pass the
+    change test (``False``: the change test alone, e.g. to screen restarts).
     """
 
     optimizer: str = "adam"
@@ -38,6 +41,7 @@ class TrainConfig:
     natural_gradient_lr: float | None = None
     hooks_in_closure: bool = False
     time_budget: float | None = None
+    pin: bool = True
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
@@ -49,6 +53,9 @@ class TrainConfig:
             raise ValueError(f"steps must be ≥ 0 and window ≥ 1, got {self.steps}, {self.window}")
 
 
+#: Starts per partition (local fits) or per fit (exact experts) by default: the fit goes on from
+#: the best (:mod:`pyrogp_models.inference.restarts`).
+DEFAULT_RESTARTS = 3
 #: Gaussian likelihoods (local fits and meta-GPs): the collapsed bound, fitted by L-BFGS with one
 #: memory and one step length per independent member (:mod:`pyrogp_models.inference.
 #: batched_lbfgs`), stopping when every member's bound changes by less than 1e-6 (relative)

@@ -119,9 +119,10 @@ class _MemberConvergence:
     relative change of each member's objective since the last judgement; once every member has
     passed that, the objectives evaluated precisely, until each is pinned at its optimum."""
 
-    def __init__(self, optimizer: BatchedLBFGS, module):
+    def __init__(self, optimizer: BatchedLBFGS, module, pin: bool = True):
         self.optimizer = optimizer
         self.module = module
+        self.pin = pin
         self.previous: torch.Tensor | None = None
         self.refining = False
         self.finished = False
@@ -141,7 +142,7 @@ class _MemberConvergence:
         converged = self.optimizer.pinned() if self.refining else change <= (tol or 0.0)
         self.optimizer.freeze(converged)
         if tol is not None and bool(converged.all()):
-            if self.refining:
+            if self.refining or not self.pin:
                 self.finished = True
             else:
                 self.optimizer.refine(self.module.member_objectives(precise=True))
@@ -192,8 +193,8 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     losses[:start] = torch.as_tensor(result.losses[:start], dtype=losses.dtype)
     bar = tqdm(total=config.steps, initial=start, disable=not config.progress, desc="fit",
                leave=False)
-    members = (_MemberConvergence(optimizer, module) if isinstance(optimizer, BatchedLBFGS)
-               else None)
+    members = (_MemberConvergence(optimizer, module, config.pin)
+               if isinstance(optimizer, BatchedLBFGS) else None)
     noisy = isinstance(module, NoisyObjective) and bool(module.noisy_objective)
     step, began = start, time.perf_counter()
     try:

@@ -63,6 +63,16 @@ KERNEL_HELP = (
     "dims=[0,2] selects input columns")
 
 
+def add_restarts(parser: argparse.ArgumentParser) -> None:
+    """``--restarts R``: starts per fit, the best kept."""
+    from pyrogp_models.inference.train_config import DEFAULT_RESTARTS
+
+    parser.add_argument("--restarts", type=int, default=DEFAULT_RESTARTS, metavar="R",
+                        help="fit from R starts (the library's rule, then shorter lengthscales "
+                             "and less noise) and go on from the one with the best bound "
+                             f"(default: {DEFAULT_RESTARTS})")
+
+
 def add_kernel(parser: argparse.ArgumentParser, default: str | None = "rbf",
                default_text: str = "rbf") -> None:
     """``--kernel EXPR``: read by :func:`~pyrogp_models.kernels.expression.parse_kernel` once the

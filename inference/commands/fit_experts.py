@@ -10,6 +10,7 @@ from pyrogp_models.inference.commands.arguments import (
     add_features,
     add_float32,
     add_kernel,
+    add_restarts,
     add_seed,
     add_units,
 )
@@ -34,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partition-by", default="kmeans", choices=PARTITION_KINDS,
                         help="how to split the data (default: kmeans)")
     add_kernel(parser)
+    add_restarts(parser)
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
     parser.add_argument("--steps", type=int, metavar="N",
                         help=f"maximum L-BFGS steps on the summed log marginal likelihood "
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     config = replace(EXPERTS_CONFIG, seed=args.seed, progress=sys.stderr.isatty())
     if args.steps is not None:
         config = replace(config, steps=args.steps)
-    spec = ExpertsSpec(kernel=args.kernel, ard=args.ard,
+    spec = ExpertsSpec(kernel=args.kernel, ard=args.ard, restarts=args.restarts,
                        columns=data_columns(features, args.target, args.units),
                        dtype=torch.float32 if args.float32 else torch.float64)
     with one_line_warnings("raise --steps"):

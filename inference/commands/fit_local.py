@@ -11,6 +11,7 @@ from pyrogp_models.inference.commands.arguments import (
     add_features,
     add_float32,
     add_kernel,
+    add_restarts,
     add_seed,
     add_units,
 )
@@ -48,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="number of classes for categorical (default: largest label + 1)")
     parser.add_argument("--link", help="bernoulli: logit|probit; categorical: softmax|robustmax")
     add_kernel(parser)
+    add_restarts(parser)
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
     parser.add_argument("--steps", type=int, metavar="N",
                         help=f"maximum optimiser steps (default: {COLLAPSED_CONFIG.steps} "
@@ -127,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     spec = LocalFitSpec(
         num_inducing=args.inducing, likelihood=args.likelihood,
         likelihood_options=likelihood_options(args, y), kernel=args.kernel, ard=args.ard,
+        restarts=args.restarts,
         collapsed=(True if args.collapsed else
                    False if args.uncollapsed or args.natural_gradient is not None else None),
         batch_size=args.batch_size, dtype=torch.float32 if args.float32 else torch.float64,

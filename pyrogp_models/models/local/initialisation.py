@@ -66,34 +66,39 @@ def initial_gaussian_variances(y: torch.Tensor, mask: torch.Tensor
 
 
 def initial_kernel(template: Kernel, X: torch.Tensor, mask: torch.Tensor, num_inducing: int,
-                   signal_variance: torch.Tensor, num_latent: int = 1) -> Kernel:
+                   signal_variance: torch.Tensor, num_latent: int = 1,
+                   scale: torch.Tensor | None = None) -> Kernel:
     """``template`` (model units) batched to (K, ``num_latent``) with the values it does not
     give set by the rule of the module docstring from the partitions' data X [K, N, D], mask
-    [K, N]; ``signal_variance`` [K] is σ_f² of the whole kernel."""
+    [K, N]; ``signal_variance`` [K] is σ_f² of the whole kernel; ``scale`` [K] multiplies the
+    lengthscales and periods the rule sets (a restart's start)."""
     kernel = template.batched((X.shape[0], num_latent)).to(dtype=X.dtype, device=X.device)
-    _share(kernel, signal_variance, X, mask, num_inducing)
+    scale = X.new_ones(X.shape[0]) if scale is None else scale
+    _share(kernel, signal_variance, X, mask, num_inducing, scale)
     return kernel
 
 
-def _share(kernel: Kernel, variance: torch.Tensor, X, mask, num_inducing: int) -> None:
+def _share(kernel: Kernel, variance: torch.Tensor, X, mask, num_inducing: int, scale) -> None:
     if isinstance(kernel, Sum):
         for part in kernel.kernels:
-            _share(part, variance / len(kernel.kernels), X, mask, num_inducing)
+            _share(part, variance / len(kernel.kernels), X, mask, num_inducing, scale)
     elif isinstance(kernel, Product):
         for index, part in enumerate(kernel.kernels):
             _share(part, variance if index == 0 else torch.ones_like(variance), X, mask,
-                   num_inducing)
+                   num_inducing, scale)
     elif isinstance(kernel, Leaf):
-        _initialise_leaf(kernel, variance, X[..., kernel.active_dims], mask, num_inducing)
+        _initialise_leaf(kernel, variance, X[..., kernel.active_dims], mask, num_inducing, scale)
 
 
-def _initialise_leaf(leaf: Leaf, variance: torch.Tensor, X, mask, num_inducing: int) -> None:
+def _initialise_leaf(leaf: Leaf, variance: torch.Tensor, X, mask, num_inducing: int,
+                     scale: torch.Tensor) -> None:
     """Set the values of ``leaf`` [K, L, ...] that its user did not give."""
     for h in leaf.hyperparameters:
         if h.name in leaf.given:
             continue
         if h.role is Role.INPUT_SCALE:
-            value = initial_lengthscale(X, mask, num_inducing, leaf.ard).unsqueeze(1)
+            value = (initial_lengthscale(X, mask, num_inducing, leaf.ard)
+                     * scale.unsqueeze(-1)).unsqueeze(1)
         elif h.role is Role.OUTPUT_SCALE:
             value = variance.unsqueeze(1)
         elif h.role is Role.SLOPE:

@@ -65,6 +65,9 @@ class LocalGPs(PyroModule):
         inducing: initial Z per partition ([M_k, D] each, model units) instead of
             ``inducing_init`` (e.g. drawn once by :func:`initial_inducing` for a fit split over
             workers).
+        start_scales: [K, 2] factors on each partition's initial lengthscales (and periods) and
+            Gaussian noise that the data set (the starts of restarts,
+            :mod:`pyrogp_models.inference.restarts`); default ones.
         name: the Pyro name (default: a fresh ``"local"``).
     """
 
@@ -76,7 +79,8 @@ class LocalGPs(PyroModule):
                  collapsed: bool = False, batch_size: int | None = None,
                  jitter: float = DEFAULT_JITTER, noise: float | None = None,
                  generator: torch.Generator | None = None,
-                 inducing: Sequence[torch.Tensor] | None = None, name: str | None = None):
+                 inducing: Sequence[torch.Tensor] | None = None,
+                 start_scales: torch.Tensor | None = None, name: str | None = None):
         super().__init__(name or unique_name("local"))
         self.likelihood_name = likelihood
         self.likelihood_options = dict(likelihood_options or {})
@@ -97,32 +101,34 @@ class LocalGPs(PyroModule):
         self.groups = PyroModuleList([])
         self.group_members: list[torch.Tensor] = []
         self._group_index: list[torch.Tensor] = []
+        scales = (X.new_ones(len(sizes), 2) if start_scales is None
+                  else torch.as_tensor(start_scales).to(X))
         for M in np.unique(per_partition):
             members = torch.as_tensor(np.flatnonzero(per_partition == M), device=X.device)
             rows = int(mask[members].sum(-1).max())
             Z = torch.stack([inducing[k] for k in members.tolist()]).to(X)
             self.groups.append(self._build_group(
                 Xp[members, :rows], yp[members, :rows], mask[members, :rows], Z, template,
-                learn_inducing, batch_size, jitter, noise))
+                learn_inducing, batch_size, jitter, noise, scales[members]))
             self.group_members.append(members)
             self._group_index.append(index[members, :rows])
 
     def _build_group(self, X, y, mask, Z, template, learn_inducing, batch_size, jitter,
-                     noise) -> BatchedSVGP:
+                     noise, scales) -> BatchedSVGP:
         """One group's SVGP, initialised by the rule of
         :mod:`~pyrogp_models.models.local.initialisation`."""
         count = len(X)
         variance, values = X.new_ones(count), {}
         if self.likelihood_name == "gaussian":
             variance, initial_noise = initial_gaussian_variances(y, mask)
-            values = {"variance": initial_noise if noise is None else noise}
+            values = {"variance": initial_noise * scales[:, 1] if noise is None else noise}
         likelihood = make_likelihood(self.likelihood_name, (count,), X.dtype, X.device,
                                      **self.likelihood_options, **values)
         if isinstance(template, External):
             kernel_module = template.batched((count, likelihood.num_latent)).to(X)
         else:
             kernel_module = initial_kernel(template, X, mask, Z.shape[-2],
-                                           variance, likelihood.num_latent)
+                                           variance, likelihood.num_latent, scales[:, 0])
         return BatchedSVGP(Z, kernel_module, likelihood, X, y, mask,
                            learn_inducing=learn_inducing, inducing_scale=input_spread(X, mask),
                            collapsed=self.collapsed, batch_size=batch_size, jitter=jitter,
