@@ -141,8 +141,9 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
                                    standardisation,
                                    LIKELIHOODS[spec.likelihood].standardise_targets)
 
-    def build(X, y, partition, inducing, start_scales=None) -> LocalGPs:
-        return LocalGPs(X, y, partition, spec.num_inducing, spec.likelihood,
+    def build(X, y, partition, inducing, start_scales=None, num_inducing=spec.num_inducing
+              ) -> LocalGPs:
+        return LocalGPs(X, y, partition, num_inducing, spec.likelihood,
                         spec.likelihood_options, kernel, spec.ard, spec.inducing_init,
                         spec.learn_inducing, collapsed_bound(spec), spec.batch_size,
                         noise=spec.noise, inducing=inducing, start_scales=start_scales)

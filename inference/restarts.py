@@ -42,7 +42,8 @@ def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tens
            partition: Partition, inducing: list[torch.Tensor], restarts: int,
            config: TrainConfig) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
     """Fit every partition from ``restarts`` starts as one batched model (``build(X, y,
-    partition, inducing, start_scales)`` makes it) to the change test of ``config``, without
+    partition, inducing, start_scales, num_inducing)`` makes it) to the change test of
+    ``config``, without
     pinning; returns the winning start per partition [K] and the state of the winners, to load
     into the model of the K partitions built by ``build`` without restarts."""
     K, R = partition.num_partitions, restarts
@@ -50,8 +51,9 @@ def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tens
     assignments = (partition.assignments[None, :] * R + copies[:, None]).reshape(-1)
     repeated = Partition(assignments, {"kind": "random", "num_partitions": K * R})
     scales = restart_scales(R).repeat(K, 1)
+    num_inducing = [len(inducing[k]) for k in range(K) for _ in copies]
     screen_model = build(X.repeat(R, *[1] * (X.dim() - 1)), y.repeat(R), repeated,
-                         [inducing[k] for k in range(K) for _ in copies], scales)
+                         [inducing[k] for k in range(K) for _ in copies], scales, num_inducing)
     train(screen_model, config=config)
     best = screen_model.elbo().reshape(K, R).argmax(-1).cpu().numpy()
     return best, _winners_state(screen_model, best, R)
