@@ -220,17 +220,22 @@ class BatchedLBFGS:
         """f [K] of every block at the current parameters (after at least one step)."""
         return [block.value for block in self.blocks]
 
-    def pinned(self) -> torch.Tensor:
-        """Which members (all blocks concatenated) sit at their minimum to rounding: the
-        predicted decrease −∇fᵀd is at most :data:`PINNED`·max(1, |f|), or rounding hides any
-        further decrease (2·:data:`RESTART` rejections in a row)."""
+    def near(self, tolerance: float | None = None) -> torch.Tensor:
+        """Which members (all blocks concatenated) are within ``tolerance`` of their minimum:
+        the predicted decrease −∇fᵀd ≈ 2(f − f*) is at most ``tolerance``·max(1, |f|) (default
+        ε^:data:`PINNED`: pinned to rounding), or rounding hides any further decrease
+        (2·:data:`RESTART` rejections in a row)."""
         flags = []
         for block in self.blocks:
             decrease = block.predicted_decrease()
-            tolerance = torch.finfo(decrease.dtype).eps ** PINNED
-            flags.append((decrease <= tolerance * block.value.abs().clamp_min(1.0))
+            bound = torch.finfo(decrease.dtype).eps ** PINNED if tolerance is None else tolerance
+            flags.append((decrease <= bound * block.value.abs().clamp_min(1.0))
                          | (block.rejections >= 2 * RESTART))
         return torch.cat(flags)
+
+    def pinned(self) -> torch.Tensor:
+        """Which members sit at their minimum to rounding (:meth:`near` with its default)."""
+        return self.near()
 
     def refine(self, blocks: Sequence[tuple[Sequence[torch.nn.Parameter],
                                             Callable[[], torch.Tensor]]]) -> None:

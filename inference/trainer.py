@@ -116,8 +116,10 @@ def _relative_change(losses: torch.Tensor, step: int, window: int, noisy: bool =
 
 class _MemberConvergence:
     """Per-member convergence of a batched L-BFGS's objectives, judged at window ends: first the
-    relative change of each member's objective since the last judgement; once every member has
-    passed that, the objectives evaluated precisely, until each is pinned at its optimum."""
+    relative change of each member's objective since the last judgement, with a predicted
+    decrease below the same tolerance (a member whose steps were all rejected has not changed,
+    but it has not converged); once every member has passed that, the objectives evaluated
+    precisely, until each is pinned at its optimum."""
 
     def __init__(self, optimizer: BatchedLBFGS, module, pin: bool = True):
         self.optimizer = optimizer
@@ -139,7 +141,8 @@ class _MemberConvergence:
     def judge(self, change: torch.Tensor, tol: float | None) -> torch.Tensor:
         """Which members have converged (they are frozen); sets ``finished`` when all are
         pinned. Without ``tol`` only members that stopped moving are frozen."""
-        converged = self.optimizer.pinned() if self.refining else change <= (tol or 0.0)
+        converged = (self.optimizer.pinned() if self.refining
+                     else (change <= (tol or 0.0)) & self.optimizer.near(tol or 0.0))
         self.optimizer.freeze(converged)
         if tol is not None and bool(converged.all()):
             if self.refining or not self.pin:
