@@ -9,7 +9,8 @@ tensors are the model's state (parameters unconstrained, the fixed inner means);
 Loading checks the digest, the version, the kind, every tensor's presence, shape and finiteness,
 and never unpickles; any problem raises :class:`~pyrogp_models.errors.ModuleFileError` with one
 line naming the file.
-:func:`~pyrogp_models.models.multitask.description.describe_multitask` is the summary of a fitted model (what ``pyrogp info`` prints).
+:func:`~pyrogp_models.models.multitask.description.describe_multitask` is the summary of a
+fitted model (what ``pyrogp info`` prints).
 """
 
 from __future__ import annotations
