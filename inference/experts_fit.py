@@ -8,6 +8,7 @@ default; :class:`~pyrogp_models.models.experts.predictor.ExpertCombination`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -23,6 +24,7 @@ from pyrogp_models.inference.train_config import DEFAULT_RESTARTS, EXPERTS_CONFI
 from pyrogp_models.inference.trainer import TrainResult, train
 
 from pyrogp_models.data.columns import Columns
+from pyrogp_models.errors import NotConvergedWarning
 from pyrogp_models.kernels import resolve_kernel
 from pyrogp_models.models.experts.exact import ExactExperts
 from pyrogp_models.models.experts.predictor import ExpertCombination
@@ -39,14 +41,15 @@ DEFAULT_TRAIN_CONFIG = EXPERTS_CONFIG
 class ExpertsSpec:
     """The shared kernel (a name or expression, or a kernel whose given values are in data
     units; ARD for a name), initial lengthscales, variances and noise in standardised units for
-    what the kernel does not give, the starts to fit from (the best log marginal likelihood is
-    kept; :func:`~pyrogp_models.inference.restarts.restart_scales`), the rule and weighting of
-    the result's predictor, and the data columns (feature and target names, units), names and
-    info of the exported modules."""
+    what the kernel does not give, the starts to fit from (default
+    :data:`~pyrogp_models.inference.train_config.DEFAULT_RESTARTS`; the best log marginal
+    likelihood is kept; :func:`~pyrogp_models.inference.restarts.restart_scales`), the rule and
+    weighting of the result's predictor, and the data columns (feature and target names, units),
+    names and info of the exported modules."""
 
     kernel: str | torch.nn.Module = "rbf"
     ard: bool = False
-    restarts: int = DEFAULT_RESTARTS
+    restarts: int | None = None
     lengthscale: float = 1.0
     variance: float = 1.0
     noise: float = 0.1
@@ -82,14 +85,20 @@ def fit_exact_experts(data: PartitionedData | tuple, spec: ExpertsSpec | None = 
                                    standardisation)
     config = config or DEFAULT_TRAIN_CONFIG
     best = None
-    for lengthscale, noise in restart_scales(spec.restarts if config.steps > 0 else 1).tolist():
+    starts = DEFAULT_RESTARTS if spec.restarts is None else spec.restarts
+    for lengthscale, noise in restart_scales(starts if config.steps > 0 else 1).tolist():
         model = ExactExperts(X_model, y_model, partition, kernel, spec.ard,
                              spec.lengthscale * lengthscale, spec.variance, spec.noise * noise)
-        result = train(model, config=config) if config.steps > 0 else TrainResult(converged=True)
+        with warnings.catch_warnings(record=True) as caught:  # the kept start's are reissued
+            warnings.simplefilter("always", NotConvergedWarning)
+            result = (train(model, config=config) if config.steps > 0
+                      else TrainResult(converged=True))
         value = float(model.log_marginal().sum())
         if best is None or value > best[0]:
-            best = (value, model, result)
-    _, model, result = best
+            best = (value, model, result, caught)
+    _, model, result, caught = best
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     modules = model.to_modules(standardisation, spec.names,
                                info={"partition_rule": partition.rule.get("kind"),
                                      **(spec.info or {})})

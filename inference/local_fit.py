@@ -70,7 +70,8 @@ class LocalFitSpec:
     minibatches and the uncollapsed ELBO otherwise; ``noise=None`` initialises every
     partition's Gaussian noise from its own data (:class:`LocalGPs`). ``restarts``: fit every
     partition from that many starts and go on from the best (:mod:`pyrogp_models.inference.
-    restarts`; default :data:`DEFAULT_RESTARTS`, 1 with minibatches)."""
+    restarts`; default :data:`~pyrogp_models.inference.train_config.DEFAULT_RESTARTS`, 1 with
+    minibatches)."""
 
     num_inducing: int | Sequence[int] = 10
     likelihood: str = "gaussian"
@@ -168,7 +169,8 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
 
 
 def number_of_restarts(spec: LocalFitSpec) -> int:
-    """The starts per partition: as asked, else :data:`DEFAULT_RESTARTS` (1 with minibatches,
+    """The starts per partition: as asked, else
+    :data:`~pyrogp_models.inference.train_config.DEFAULT_RESTARTS` (1 with minibatches,
     whose estimated bound cannot tell the starts apart reliably)."""
     if spec.restarts is not None:
         if spec.restarts < 1:

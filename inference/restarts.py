@@ -19,6 +19,7 @@ are kept in every start.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -27,6 +28,7 @@ from pyrogp_models.inference.train_config import TrainConfig
 from pyrogp_models.inference.trainer import train
 
 from pyrogp_models.data.partitioners import Partition
+from pyrogp_models.errors import NotConvergedWarning
 
 #: The longest restart lengthscale, relative to the rule's.
 LONGEST = 4.0
@@ -46,9 +48,9 @@ def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tens
            config: TrainConfig) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
     """Fit every partition from ``restarts`` starts as one batched model (``build(X, y,
     partition, inducing, start_scales, num_inducing)`` makes it) to the change test of
-    ``config``, without
-    pinning; returns the winning start per partition [K] and the state of the winners, to load
-    into the model of the K partitions built by ``build`` without restarts."""
+    ``config``, without pinning and without reporting its convergence; returns the winning start
+    per partition [K] and the state of the winners, to load into the model of the K partitions
+    built by ``build`` without restarts."""
     K, R = partition.num_partitions, restarts
     copies = np.arange(R)
     assignments = (partition.assignments[None, :] * R + copies[:, None]).reshape(-1)
@@ -57,7 +59,9 @@ def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tens
     num_inducing = [len(inducing[k]) for k in range(K) for _ in copies]
     screen_model = build(X.repeat(R, *[1] * (X.dim() - 1)), y.repeat(R), repeated,
                          [inducing[k] for k in range(K) for _ in copies], scales, num_inducing)
-    train(screen_model, config=config)
+    with warnings.catch_warnings():  # only the continued fit's convergence is reported
+        warnings.simplefilter("ignore", NotConvergedWarning)
+        train(screen_model, config=config)
     screen_model.finalise()  # the collapsed bound's q(u) at its optimum: the ELBO is the bound
     best = screen_model.elbo().reshape(K, R).argmax(-1).cpu().numpy()
     return best, _winners_state(screen_model, best, R)

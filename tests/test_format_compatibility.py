@@ -4,7 +4,9 @@ load, describe and predict as they did.
 ``tests/data/written_by_0.1.0/`` holds what that version's ``pyrogp`` wrote from ``data.csv``: a
 module folder (fit-local), a meta-GP (recycle), a distributed-kernel and a multitask file, and
 what its ``info`` and ``predict`` printed and wrote for each. Those outputs were computed by the
-old code, so they pin the new reader to the old one: same text, same predictions.
+old code, so they pin the new reader to the old one: same text, same predictions. The module
+tables' kernel column is the one deliberate change since: the kernel tree with its values in
+data units (format 3) where 0.1.0 printed the first lengthscale and the variance standardised.
 """
 
 from __future__ import annotations

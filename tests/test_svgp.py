@@ -210,7 +210,8 @@ def test_batched_fit_equals_separate_fits():
     X = rng.uniform(0, 3, size=(150, 1))
     y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(150)
     partition = partition_contiguous(X, 3)
-    spec = LocalFitSpec(num_inducing=6, inducing_init="grid", collapsed=False)
+    spec = LocalFitSpec(num_inducing=6, inducing_init="grid", collapsed=False,
+                        restarts=1)
     config = TrainConfig(steps=150, lr=0.03, tol=None, seed=1)
     batched = fit_local((X, y, partition), spec, config)
     for k in range(3):

@@ -57,7 +57,7 @@ LIKELIHOOD_NAMES = LibraryNames("pyrogp_models.likelihoods:LIKELIHOODS")
 KERNEL_KINDS = ("constant", "linear", "matern12", "matern32", "matern52", "periodic", "rbf", "rq",
                 "white")
 KERNEL_HELP = (
-    "the kernel, an expression: " + ", ".join(KERNEL_KINDS) + " joined by + and *, with "
+    "the kernel, an expression: " + ", ".join(KERNEL_KINDS) + " joined by '+' and '*', with "
     "parentheses and optional values in data units, e.g. \"rbf + periodic(period=1) * rbf + "
     "rq + white\"; fixed(v) holds a value, ard gives one lengthscale per input column, "
     "dims=[0,2] selects input columns")
@@ -67,10 +67,10 @@ def add_restarts(parser: argparse.ArgumentParser) -> None:
     """``--restarts R``: starts per fit, the best kept."""
     from pyrogp_models.inference.train_config import DEFAULT_RESTARTS
 
-    parser.add_argument("--restarts", type=int, default=DEFAULT_RESTARTS, metavar="R",
-                        help="fit from R starts (the library's rule, then shorter lengthscales "
+    parser.add_argument("--restarts", type=int, default=None, metavar="R",
+                        help="fit from R starts (the library's rule, then longer lengthscales "
                              "and less noise) and go on from the one with the best bound "
-                             f"(default: {DEFAULT_RESTARTS})")
+                             f"(default: {DEFAULT_RESTARTS}, 1 with --batch-size)")
 
 
 def add_kernel(parser: argparse.ArgumentParser, default: str | None = "rbf",

@@ -87,12 +87,7 @@ class LocalGPs(PyroModule):
         self.collapsed = collapsed
         self.partition = partition
         template = resolve_kernel(kernel, X.shape[-1], ard)
-        sizes = partition.sizes
-        per_partition = np.broadcast_to(np.asarray(num_inducing), sizes.shape)
-        if bool((per_partition > sizes).any()):
-            k = int(np.argmax(per_partition > sizes))
-            raise DataError(f"partition {k} has {sizes[k]} points, fewer than its "
-                            f"{per_partition[k]} inducing inputs")
+        per_partition = inducing_per_partition(partition, num_inducing)
         make_likelihood(likelihood, (), **self.likelihood_options).validate_targets(y)
         Xp, yp, mask, index = pad_partitions(X, y, partition)
         if inducing is None:
@@ -101,7 +96,7 @@ class LocalGPs(PyroModule):
         self.groups = PyroModuleList([])
         self.group_members: list[torch.Tensor] = []
         self._group_index: list[torch.Tensor] = []
-        scales = (X.new_ones(len(sizes), 2) if start_scales is None
+        scales = (X.new_ones(len(per_partition), 2) if start_scales is None
                   else torch.as_tensor(start_scales).to(X))
         for M in np.unique(per_partition):
             members = torch.as_tensor(np.flatnonzero(per_partition == M), device=X.device)
@@ -266,9 +261,20 @@ def initial_inducing(X: torch.Tensor, y: torch.Tensor, partition: Partition,
                      num_inducing: int | Sequence[int], method: str = "kmeans",
                      generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """Initial Z [M_k, D] of every partition, drawn exactly as :class:`LocalGPs` draws them."""
+    per_partition = inducing_per_partition(partition, num_inducing)
     Xp, _, mask, _ = pad_partitions(X, y, partition)
-    per_partition = np.broadcast_to(np.asarray(num_inducing), partition.sizes.shape)
     return _initial_inducing_padded(Xp, mask, per_partition, method, generator)
+
+
+def inducing_per_partition(partition: Partition, num_inducing: int | Sequence[int]) -> np.ndarray:
+    """M_k of every partition [K]; a partition with fewer points than its M_k is refused."""
+    sizes = partition.sizes
+    per_partition = np.broadcast_to(np.asarray(num_inducing), sizes.shape)
+    if bool((per_partition > sizes).any()):
+        k = int(np.argmax(per_partition > sizes))
+        raise DataError(f"partition {k} has {sizes[k]} points, fewer than its "
+                        f"{per_partition[k]} inducing inputs")
+    return per_partition
 
 
 def _initial_inducing_padded(Xp, mask, per_partition, method, generator) -> list[torch.Tensor]:
