@@ -12,6 +12,11 @@ Derived per group on first use:
 - the site parameters P_k = S_k⁻¹ − K_kk^{(k)−1}, b_k = S_k⁻¹μ_k − K_kk^{(k)−1}μ_pk of
   single-latent modules (:func:`pyrogp_models.gaussian.expectations.site_parameters`), which the
   meta-GPs' bounds use;
+- :attr:`ModuleStack.sites`, the site parameters of all modules side by side in the *stacked
+  layout* the meta-GP's bound reads (:func:`pyrogp_models.gaussian.expectations.site_quadratic`):
+  the N = Σ_k M_k module inducing inputs group after group, each group position-major (point j
+  of the group's module g at row j·G + g), so that applying the M_k × M_k blocks of all modules
+  is M_k² scaled additions of contiguous rows;
 - the whitened posterior and L_k⁻¹ (by one triangular solve against I: batched products are
   several times faster than batched triangular solves on CPU), with which
   :meth:`ModuleGroup.latent` predicts every module of the group at once.
@@ -30,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import NamedTuple
 
 import torch
 
@@ -115,12 +121,24 @@ class ModuleGroup:
     def latent(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q(f) marginals at X [N, D] (model units) of every module: mean, var [G, L, N]."""
         inverse_prior_chol, mean_w, chol_w = self._whitened
-        cross = stationary_covariance(self.family, self.inducing.unsqueeze(1), X,
-                                      self.lengthscale, self.variance)  # [G, L, M, N]
+        cross = module_covariance(self.family, self.lengthscale, self.variance,
+                                  self.inducing.unsqueeze(1), X)  # [G, L, M, N]
         prior_diag = self.variance.unsqueeze(-1).expand(*self.variance.shape, X.shape[0])
         mean, var = conditionals.whitened_conditional(inverse_prior_chol @ cross, prior_diag,
                                                       mean_w, chol_w)
         return mean + self.prior_mean.unsqueeze(-1), var
+
+
+class StackedSites(NamedTuple):
+    """The sites of all (single-latent) modules of a stack in the stacked layout (module
+    docstring), N = Σ_k M_k: constants of the meta-GP's bound, computed once per stack."""
+
+    inputs: torch.Tensor  # Z_k side by side, [N, D]
+    roots: tuple[torch.Tensor, ...]  # R_k per M_k-group, [M_k, M_k, G] (R_g[a, b] at [a, b, g])
+    sign: torch.Tensor  # s [N]: P_k = R_k diag(s_k) R_kᵀ
+    shift: torch.Tensor  # b [N]
+    precisions: tuple[torch.Tensor, ...]  # P_k per M_k-group, [G, M_k, M_k]
+    constant: torch.Tensor  # Σ_k (the constants of SiteParameters), []
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,6 +231,23 @@ class ModuleStack:
                 mean[group.indices, :, rows], var[group.indices, :, rows] = group.latent(X[rows])
         return mean, var
 
+    @cached_property
+    def sites(self) -> StackedSites:
+        """The site parameters of every module (first latent function) in the stacked layout,
+        from :attr:`ModuleGroup.site_roots` and :attr:`ModuleGroup.sites`."""
+
+        def position_major(values: torch.Tensor) -> torch.Tensor:  # [G, M_k, ...] → [M_k·G, ...]
+            return values.transpose(0, 1).reshape(-1, *values.shape[2:])
+
+        roots, signs = zip(*(group.site_roots for group in self.groups), strict=True)
+        return StackedSites(
+            inputs=torch.cat([position_major(group.inducing) for group in self.groups]),
+            roots=tuple(root.permute(1, 2, 0).contiguous() for root in roots),
+            sign=torch.cat([position_major(sign) for sign in signs]),
+            shift=torch.cat([position_major(group.sites.shift) for group in self.groups]),
+            precisions=tuple(group.sites.precision for group in self.groups),
+            constant=sum(group.sites.constant.sum() for group in self.groups))
+
     def indefinite_sites(self) -> list[str]:
         """Modules whose site precision P_k is indefinite: S_k is wider than the module's own
         prior K_kk^{(k)} in some direction (an under-fitted module)."""
@@ -226,6 +261,13 @@ class ModuleStack:
     def most_common_kernel(self) -> str:
         """The kernel family used by most modules (the first one on ties)."""
         return Counter(m.kernel_family for m in self.modules.values()).most_common(1)[0][0]
+
+
+def module_covariance(family: str, lengthscale: torch.Tensor, variance: torch.Tensor,
+                      X: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
+    """k_k(X, Z) under the modules' own kernels, batched over leading dimensions: the one place
+    a stack evaluates a module kernel (its prior K_kk^{(k)} and its predictions)."""
+    return stationary_covariance(family, X, Z, lengthscale, variance)
 
 
 def _converted(module: Module, dtype: torch.dtype, device) -> Module:
@@ -253,8 +295,8 @@ def _prior_choleskies(group: list[Module]) -> torch.Tensor:
         lengthscale = torch.stack([group[k].lengthscale for k in members])
         variance = torch.stack([group[k].variance for k in members])
         try:
-            chol = cholesky(stationary_covariance(first.kernel_family, inducing, inducing,
-                                                  lengthscale, variance), jitter)
+            chol = cholesky(module_covariance(first.kernel_family, lengthscale, variance,
+                                              inducing, inducing), jitter)
         except CholeskyError:
             for k in members:  # raise the error that names the module
                 group[k].prior_cholesky()
