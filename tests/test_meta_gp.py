@@ -478,34 +478,26 @@ def test_quadratic_form_equals_the_module_by_module_scores():
     torch.testing.assert_close(quadratic.precision.detach(), precision, rtol=1e-9, atol=1e-9)
 
 
-def stacked_layout(blocks, rows):
-    """The permutation of rows (module-major, group after group) into the stacked layout
-    (position-major within each group): stacked[i] = rows[order[i]]."""
-    order, start = [], 0
-    for group in blocks:
-        count, size = group.shape[0], group.shape[-1]
-        order += [start + g * size + j for j in range(size) for g in range(count)]
-        start += count * size
-    return torch.tensor(order)
+def position_major(count, size):
+    """The rows of ``count`` modules with ``size`` rows each (module after module) in the
+    stacked layout: stacked[i] = rows[order[i]], point j of module g at j·count + g."""
+    return torch.arange(count * size).reshape(count, size).mT.reshape(-1)
 
 
-@pytest.mark.parametrize("sizes", [(3, 5), (20,)])
-def test_block_diagonal_product_value_and_gradient(sizes):
-    """blockdiag(A_k) X in the stacked layout (entry-by-entry blocks up to M_k = 16, batched
-    products above), against dense algebra and finite differences."""
+@pytest.mark.parametrize("size", [3, 20])
+def test_block_diagonal_product_value_and_gradient(size):
+    """blockdiag(A_g) X in the stacked layout (entry by entry up to M_k = 16, batched products
+    above), against dense algebra and finite differences."""
     from pyrogp_models.gaussian.expectations import block_diagonal_product
 
     generator = torch.Generator().manual_seed(0)
-    blocks = [torch.randn(4 // len(sizes) + 1, size, size, generator=generator,
-                          dtype=torch.float64) for size in sizes]
-    rows = sum(b.shape[0] * b.shape[1] for b in blocks)
-    matrix = torch.randn(rows, 6, generator=generator, dtype=torch.float64)
-    dense = torch.block_diag(*(block for group in blocks for block in group))
-    order = stacked_layout(blocks, rows)
-    by_position = [group.permute(1, 2, 0) for group in blocks]
+    blocks = torch.randn(3, size, size, generator=generator, dtype=torch.float64)
+    matrix = torch.randn(3 * size, 6, generator=generator, dtype=torch.float64)
+    order = position_major(3, size)
     stacked_t = matrix[order].mT.contiguous().requires_grad_(True)
+    by_position = blocks.permute(1, 2, 0)
     torch.testing.assert_close(block_diagonal_product(by_position, stacked_t),
-                               (dense @ matrix)[order].mT)
+                               (torch.block_diag(*blocks) @ matrix)[order].mT)
     assert torch.autograd.gradcheck(lambda m: block_diagonal_product(by_position, m),
                                     (stacked_t,))
 
@@ -535,10 +527,10 @@ def test_the_site_precision_stays_positive_semidefinite_when_badly_conditioned()
     values, vectors = torch.linalg.eigh(factors @ factors.mT * scales)
     roots = vectors * values.clamp_min(0).sqrt().unsqueeze(-2)
     zero = torch.zeros((), dtype=torch.float64)
-    order = stacked_layout([roots], count * size)
-    quadratic = site_quadratic(cross[order].mT, prior_chol, [roots.permute(1, 2, 0)],
-                               torch.ones(count * size, dtype=torch.float64),
-                               torch.zeros(count * size, dtype=torch.float64), zero, zero)
+    order = position_major(count, size)
+    block = (cross[order].mT, roots.permute(1, 2, 0), torch.ones(count * size, dtype=torch.float64),
+             torch.zeros(count * size, dtype=torch.float64))
+    quadratic = site_quadratic([block], prior_chol, zero, zero)
     assert torch.linalg.eigvalsh(quadratic.precision).min() > -1e-5
     dense = torch.block_diag(*(root @ root.mT for root in roots))
     expected = torch.linalg.solve_triangular(prior_chol, torch.linalg.solve_triangular(
@@ -549,9 +541,9 @@ def test_the_site_precision_stays_positive_semidefinite_when_badly_conditioned()
 
 
 def test_site_quadratic_value_and_gradient_against_dense_algebra():
-    """P_w, η_w and c from the stacked sites (groups of M_k = 3 and M_k = 20, entry by entry and
-    batched; signs +1, 0 and −1) equal L⁻¹K_*·PK_·*L⁻ᵀ etc. formed densely, and the hand-written
-    gradient with respect to K_*· and L_** passes finite differences."""
+    """P_w, η_w and c summed over blocks of the stacked sites (M_k = 3 and M_k = 20, entry by
+    entry and batched; signs +1, 0 and −1) equal L⁻¹K_*·PK_·*L⁻ᵀ etc. formed densely, and the
+    hand-written gradient with respect to K_*· and L_** passes finite differences."""
     from pyrogp_models.gaussian.expectations import site_quadratic
 
     generator = torch.Generator().manual_seed(1)
@@ -565,13 +557,20 @@ def test_site_quadratic_value_and_gradient_against_dense_algebra():
     root = torch.randn(num_inducing, num_inducing, generator=generator, dtype=torch.float64)
     prior_chol = torch.linalg.cholesky(root @ root.T + torch.eye(num_inducing,
                                                                   dtype=torch.float64))
-    order = stacked_layout(groups, rows)
-    roots = [g.permute(1, 2, 0) for g in groups]
+    orders, start = [], 0
+    for group in groups:
+        orders.append(start + position_major(group.shape[0], group.shape[1]))
+        start += group.shape[0] * group.shape[1]
+    sizes = [len(order) for order in orders]
+    order = torch.cat(orders)
     dense_roots = torch.block_diag(*(block for group in groups for block in group))
     trace, constant = (torch.tensor(value, dtype=torch.float64) for value in (0.7, -1.1))
 
     def stacked(cross_t, chol):
-        return site_quadratic(cross_t, chol, roots, signs[order], shift[order], trace, constant)
+        blocks = [(part, group.permute(1, 2, 0), s, b) for part, group, s, b in zip(
+            cross_t.split(sizes, -1), groups, signs[order].split(sizes),
+            shift[order].split(sizes), strict=True)]
+        return site_quadratic(blocks, chol, trace, constant)
 
     def dense(cross_t, chol):
         cross_rows = torch.empty_like(cross).index_copy(0, order, cross_t.mT)

@@ -33,7 +33,7 @@ factor; everything batches over leading dimensions.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
@@ -149,28 +149,23 @@ def site_parameters(module_mean: torch.Tensor, module_chol: torch.Tensor,
 ELEMENTWISE_BLOCK_LIMIT = 16
 
 
-def _apply_blocks(blocks: Sequence[torch.Tensor], matrix_t: torch.Tensor, transpose: bool
+def _apply_blocks(blocks: torch.Tensor, matrix_t: torch.Tensor, transpose: bool
                   ) -> torch.Tensor:
-    """Yᵀ [M, N] for Y = blockdiag(A_g) X (or A_gᵀ with ``transpose``) from Xᵀ [M, N] in the
-    stacked layout, outside autograd; ``blocks`` per group [M_k, M_k, G] with A_g[a, b] at
-    [a, b, g]."""
+    """Yᵀ [M, G M_k] for Y = blockdiag(A_1, …, A_G) X (or the A_gᵀ with ``transpose``) from Xᵀ,
+    position-major, outside autograd; ``blocks`` [M_k, M_k, G] holds A_g[a, b] at [a, b, g]."""
+    size, count = blocks.shape[0], blocks.shape[-1]
+    source = matrix_t.view(-1, size, count)
     out = torch.empty_like(matrix_t)
-    rows, start = matrix_t.shape[0], 0
-    for block in blocks:
-        size, count = block.shape[0], block.shape[-1]
-        columns = slice(start, start + size * count)
-        source = matrix_t[:, columns].view(rows, size, count)
-        target = out[:, columns].view(rows, size, count)
-        if size <= ELEMENTWISE_BLOCK_LIMIT:
-            coefficients = block.transpose(0, 1) if transpose else block  # [i, j] ↦ A_g[i, j]
-            for i in range(size):
-                torch.mul(source[:, 0], coefficients[i, 0], out=target[:, i])
-                for j in range(1, size):
-                    target[:, i].addcmul_(source[:, j], coefficients[i, j])
-        else:
-            target.copy_(torch.einsum("ijg,mjg->mig" if not transpose else "jig,mjg->mig",
-                                      block, source))
-        start += size * count
+    target = out.view(-1, size, count)
+    if size > ELEMENTWISE_BLOCK_LIMIT:
+        target.copy_(torch.einsum("jig,mjg->mig" if transpose else "ijg,mjg->mig", blocks,
+                                  source))
+        return out
+    coefficients = blocks.transpose(0, 1) if transpose else blocks  # [i, j] ↦ (A_g)_ij
+    for i in range(size):
+        torch.mul(source[:, 0], coefficients[i, 0], out=target[:, i])
+        for j in range(1, size):
+            target[:, i].addcmul_(source[:, j], coefficients[i, j])
     return out
 
 
@@ -178,61 +173,62 @@ class _BlockDiagonalProduct(torch.autograd.Function):
     """Yᵀ = (blockdiag(A_g) X)ᵀ with constant blocks; X̄ᵀ = (blockdiag(A_gᵀ) Ȳ)ᵀ."""
 
     @staticmethod
-    def forward(ctx, matrix_t: torch.Tensor, *blocks: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, matrix_t: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
         ctx.blocks = blocks
         return _apply_blocks(blocks, matrix_t, transpose=False)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        return (_apply_blocks(ctx.blocks, grad.contiguous(), transpose=True),
-                *([None] * len(ctx.blocks)))
+        return _apply_blocks(ctx.blocks, grad.contiguous(), transpose=True), None
 
 
-def block_diagonal_product(blocks: Sequence[torch.Tensor], matrix_t: torch.Tensor
-                           ) -> torch.Tensor:
-    """(blockdiag(A_1, …, A_K) X)ᵀ [M, N] from Xᵀ [M, N] in the stacked layout (module
-    docstring of :mod:`pyrogp_models.modules.stack`: the rows of an M_k-group position-major),
-    with the blocks per group as [M_k, M_k, G] (A_g[a, b] at [a, b, g]); differentiable in X
-    (the blocks are constants). Small blocks are applied entry by entry: M_k² scaled additions
-    of contiguous [M, G] slices, much faster than G tiny matrix products."""
-    return _BlockDiagonalProduct.apply(matrix_t.contiguous(), *(b.detach() for b in blocks))
+def block_diagonal_product(blocks: torch.Tensor, matrix_t: torch.Tensor) -> torch.Tensor:
+    """(blockdiag(A_1, …, A_G) X)ᵀ [M, G M_k] from Xᵀ [M, G M_k] with the rows of X
+    position-major (row j·G + g is row j of block g) and the blocks as [M_k, M_k, G]
+    (A_g[a, b] at [a, b, g]); differentiable in X (the blocks are constants). Blocks up to
+    :data:`ELEMENTWISE_BLOCK_LIMIT` are applied entry by entry: M_k² scaled additions of
+    contiguous [M, G] slices, much faster than G tiny matrix products."""
+    return _BlockDiagonalProduct.apply(matrix_t.contiguous(), blocks.detach())
 
 
 class _SiteGram(torch.autograd.Function):
-    """(P_w, u) = (Aᵀ diag(s) A, K_*· b) with Aᵀ = L_**⁻¹ Wᵀ, Wᵀ = (blockdiag(R_kᵀ) K_·*)ᵀ, from
-    K_*· [M, N] in the stacked layout and L_**⁻¹ [M, M]; R_k, s, b and L_** are constants
-    (L_**⁻¹ carries the gradient of L_**).
+    """(P_b, u_b) = (Aᵀ diag(s) A, K_*b b) for one block of modules, with Aᵀ = L_**⁻¹ Wᵀ,
+    Wᵀ = (blockdiag(R_kᵀ) K_b*)ᵀ, from K_*b [M, N_b] (position-major) and L_**⁻¹ [M, M]; R_k, s,
+    b and L_** are constants (L_**⁻¹ carries the gradient of L_**).
 
-    Backward, with H = P̄ + P̄ᵀ: Āᵀ = H Aᵀ diag(s), so K̄_*· = (blockdiag(R_k) W̄)ᵀ + ū bᵀ with
+    Backward, with H = P̄ + P̄ᵀ: Āᵀ = H Aᵀ diag(s), so K̄_*b = (blockdiag(R_k) W̄)ᵀ + ū bᵀ with
     W̄ᵀ = (H L_**⁻¹)ᵀ (Aᵀ diag(s)) — one product with the saved Aᵀ diag(s) — and
-    (L_**⁻¹)‾ = Āᵀ W = H Aᵀ diag(s) A L_**ᵀ = H P_w L_**ᵀ, M × M algebra."""
+    (L_**⁻¹)‾ = Āᵀ W = H Aᵀ diag(s) A L_**ᵀ = H P_b L_**ᵀ, M × M algebra."""
 
     @staticmethod
     def forward(ctx, cross_t: torch.Tensor, inverse_chol: torch.Tensor, prior_chol: torch.Tensor,
-                sign: torch.Tensor, shift: torch.Tensor, *roots: torch.Tensor):
-        factor_t = inverse_chol @ _apply_blocks(roots, cross_t, transpose=True)  # Aᵀ [M, N]
+                roots: torch.Tensor, sign: torch.Tensor, shift: torch.Tensor):
+        factor_t = inverse_chol @ _apply_blocks(roots, cross_t, transpose=True)  # Aᵀ [M, N_b]
         signed_t = factor_t * sign
         precision = signed_t @ factor_t.mT
         precision = 0.5 * (precision + precision.mT)
-        ctx.save_for_backward(signed_t, inverse_chol, prior_chol, precision, shift)
-        ctx.roots = roots
+        ctx.save_for_backward(signed_t, inverse_chol, prior_chol, precision, roots, shift)
         return precision, cross_t @ shift
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_precision: torch.Tensor, grad_projected: torch.Tensor):
-        signed_t, inverse_chol, prior_chol, precision, shift = ctx.saved_tensors
+        signed_t, inverse_chol, prior_chol, precision, roots, shift = ctx.saved_tensors
         symmetric = grad_precision + grad_precision.mT
-        grad_cross_t = _apply_blocks(ctx.roots, (symmetric @ inverse_chol).mT @ signed_t,
+        grad_cross_t = _apply_blocks(roots, (symmetric @ inverse_chol).mT @ signed_t,
                                      transpose=False)
         grad_cross_t.addr_(grad_projected, shift)
         grad_inverse = symmetric @ precision @ prior_chol.mT
-        return (grad_cross_t, grad_inverse, None, None, None, *([None] * len(ctx.roots)))
+        return grad_cross_t, grad_inverse, None, None, None, None
 
 
-def site_quadratic(cross_t: torch.Tensor, prior_chol: torch.Tensor,
-                   roots: Sequence[torch.Tensor], sign: torch.Tensor, shift: torch.Tensor,
+#: One block of the stacked site layout: K_*b [M, N_b] (position-major), R_k [M_k, M_k, G_b]
+#: (R_g[a, b] at [a, b, g]), s [N_b] and b [N_b].
+SiteBlock = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def site_quadratic(blocks: Iterable[SiteBlock], prior_chol: torch.Tensor,
                    site_trace: torch.Tensor, site_constant: torch.Tensor) -> ContrastiveQuadratic:
     """The quadratic form of the contrastive sum from the site parameters of all modules at once.
 
@@ -243,23 +239,27 @@ def site_quadratic(cross_t: torch.Tensor, prior_chol: torch.Tensor,
     K_kk^{(k)} are (L_**⁻¹(K_*·PK_·*)L_**⁻ᵀ, the same matrix formed the other way round, loses
     that to rounding and can make a bounded bound look unbounded). η_w = L_**⁻¹K_*· b and, as
     Σ_k tr(P_k B_kᵀB_k) = tr(P_w), c = −½[Σ_k tr(P_k K_kk^{(*)}) − tr(P_w) + Σ_k constant_k].
-    The cost is linear in N: forward M_k passes over K_*· for the block product, one product
-    with L_**⁻¹ and the Gram product; backward one product and M_k passes.
+
+    The modules come in blocks of one M_k each (:class:`pyrogp_models.modules.stack.SiteBlock`),
+    summed; ``blocks`` may be a generator that forms each block's K_*b just before it is used,
+    so that a block's products run in cache. Per block the forward is M_k passes for the block
+    product, one product with L_**⁻¹ and the Gram product; the backward one product and M_k
+    passes — linear in N.
 
     Args:
-        cross_t: K_*· [M, N] in the stacked layout (:class:`pyrogp_models.modules.stack.
-            StackedSites`).
+        blocks: (K_*b, R, s, b) per block (:data:`SiteBlock`; R, s, b constants).
         prior_chol: L_** [M, M].
-        roots: R_k per M_k-group as [M_k, M_k, G] (R_g[a, b] at [a, b, g]; constants).
-        sign, shift: s and b = (b_1, …, b_K) [N] in the stacked layout (constants).
         site_trace: Σ_k tr(P_k K_kk^{(*)}) [].
         site_constant: Σ_k (the constants of :class:`SiteParameters`) [].
     """
     eye = torch.eye(prior_chol.shape[-1], dtype=prior_chol.dtype, device=prior_chol.device)
     inverse_chol = triangular_solve(prior_chol, eye)  # L_**⁻¹
-    precision, projected = _SiteGram.apply(cross_t.contiguous(), inverse_chol,
-                                           prior_chol.detach(), sign.detach(), shift.detach(),
-                                           *(r.detach() for r in roots))
+    precision, projected = 0.0, 0.0
+    for cross_t, roots, sign, shift in blocks:
+        part, part_projected = _SiteGram.apply(cross_t.contiguous(), inverse_chol,
+                                               prior_chol.detach(), roots.detach(),
+                                               sign.detach(), shift.detach())
+        precision, projected = precision + part, projected + part_projected
     whitened_shift = triangular_solve(prior_chol, projected.unsqueeze(-1)).squeeze(-1)
     constant = -0.5 * (site_trace - precision.diagonal().sum() + site_constant)
     return ContrastiveQuadratic(precision, whitened_shift, constant)

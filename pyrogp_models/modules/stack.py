@@ -12,11 +12,11 @@ Derived per group on first use:
 - the site parameters P_k = S_k⁻¹ − K_kk^{(k)−1}, b_k = S_k⁻¹μ_k − K_kk^{(k)−1}μ_pk of
   single-latent modules (:func:`pyrogp_models.gaussian.expectations.site_parameters`), which the
   meta-GPs' bounds use;
-- :attr:`ModuleStack.sites`, the site parameters of all modules side by side in the *stacked
-  layout* the meta-GP's bound reads (:func:`pyrogp_models.gaussian.expectations.site_quadratic`):
-  the N = Σ_k M_k module inducing inputs group after group, each group position-major (point j
-  of the group's module g at row j·G + g), so that applying the M_k × M_k blocks of all modules
-  is M_k² scaled additions of contiguous rows;
+- :attr:`ModuleStack.sites`, the site parameters of all modules in the *stacked layout* the
+  meta-GP's bound reads (:func:`pyrogp_models.gaussian.expectations.site_quadratic`): blocks of
+  up to :data:`SITE_BLOCK_COLUMNS` module inducing inputs of one M_k-group, each block
+  position-major (point j of its module g at j·G + g), so that applying the M_k × M_k site
+  factors of all its modules is M_k² scaled additions of contiguous rows;
 - the whitened posterior and L_k⁻¹ (by one triangular solve against I: batched products are
   several times faster than batched triangular solves on CPU), with which
   :meth:`ModuleGroup.latent` predicts every module of the group at once.
@@ -51,6 +51,9 @@ from pyrogp_models.modules.units import common_standardisation, convert
 
 #: A site precision counts as indefinite when a singular value of L_pk⁻¹L_k exceeds 1 + this.
 SITE_TOLERANCE = 1e-8
+#: Module inducing inputs per block of the stacked layout (:attr:`ModuleStack.sites`): the
+#: meta-GP's [M, columns] products over one block stay in cache.
+SITE_BLOCK_COLUMNS = 4096
 #: What a stack is for (see :func:`check_compatible`).
 PURPOSES = ("recycle", "recycle-outputs", "combine", "route")
 
@@ -129,14 +132,21 @@ class ModuleGroup:
         return mean + self.prior_mean.unsqueeze(-1), var
 
 
+class SiteBlock(NamedTuple):
+    """Up to :data:`SITE_BLOCK_COLUMNS` module inducing inputs of G modules of one M_k-group in
+    the stacked layout (position-major: point j of module g at j·G + g)."""
+
+    inputs: torch.Tensor  # Z_k side by side, [G M_k, D]
+    roots: torch.Tensor  # R_k, [M_k, M_k, G] (R_g[a, b] at [a, b, g])
+    sign: torch.Tensor  # s [G M_k]: P_k = R_k diag(s_k) R_kᵀ
+    shift: torch.Tensor  # b [G M_k]
+
+
 class StackedSites(NamedTuple):
     """The sites of all (single-latent) modules of a stack in the stacked layout (module
-    docstring), N = Σ_k M_k: constants of the meta-GP's bound, computed once per stack."""
+    docstring): constants of the meta-GP's bound, computed once per stack."""
 
-    inputs: torch.Tensor  # Z_k side by side, [N, D]
-    roots: tuple[torch.Tensor, ...]  # R_k per M_k-group, [M_k, M_k, G] (R_g[a, b] at [a, b, g])
-    sign: torch.Tensor  # s [N]: P_k = R_k diag(s_k) R_kᵀ
-    shift: torch.Tensor  # b [N]
+    blocks: tuple[SiteBlock, ...]
     precisions: tuple[torch.Tensor, ...]  # P_k per M_k-group, [G, M_k, M_k]
     constant: torch.Tensor  # Σ_k (the constants of SiteParameters), []
 
@@ -239,14 +249,18 @@ class ModuleStack:
         def position_major(values: torch.Tensor) -> torch.Tensor:  # [G, M_k, ...] → [M_k·G, ...]
             return values.transpose(0, 1).reshape(-1, *values.shape[2:])
 
-        roots, signs = zip(*(group.site_roots for group in self.groups), strict=True)
-        return StackedSites(
-            inputs=torch.cat([position_major(group.inducing) for group in self.groups]),
-            roots=tuple(root.permute(1, 2, 0).contiguous() for root in roots),
-            sign=torch.cat([position_major(sign) for sign in signs]),
-            shift=torch.cat([position_major(group.sites.shift) for group in self.groups]),
-            precisions=tuple(group.sites.precision for group in self.groups),
-            constant=sum(group.sites.constant.sum() for group in self.groups))
+        blocks = []
+        for group in self.groups:
+            roots, signs = group.site_roots
+            step = max(1, SITE_BLOCK_COLUMNS // group.num_inducing)
+            for start in range(0, len(group.names), step):
+                part = slice(start, start + step)
+                blocks.append(SiteBlock(position_major(group.inducing[part]),
+                                        roots[part].permute(1, 2, 0).contiguous(),
+                                        position_major(signs[part]),
+                                        position_major(group.sites.shift[part])))
+        return StackedSites(tuple(blocks), tuple(group.sites.precision for group in self.groups),
+                            sum(group.sites.constant.sum() for group in self.groups))
 
     def indefinite_sites(self) -> list[str]:
         """Modules whose site precision P_k is indefinite: S_k is wider than the module's own

@@ -199,8 +199,8 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         sites = self.stack.sites
         site_trace = sum((precision * self.module_covariance(group.inducing)).sum()
                          for group, precision in zip(self._groups, sites.precisions, strict=True))
-        return site_quadratic(self.cross_covariance(sites.inputs), prior_chol, sites.roots,
-                              sites.sign, sites.shift, site_trace, sites.constant)
+        blocks = ((self.cross_covariance(block.inputs), *block[1:]) for block in sites.blocks)
+        return site_quadratic(blocks, prior_chol, site_trace, sites.constant)
 
     def contrastive_predictives(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """q_C(u_k) = N(m_C, S_C) per M_k-group (eq. 17, whitened): means [G, M_k] and
