@@ -643,12 +643,12 @@ def targets(payload: dict) -> dict:
                                     "threshold": TARGET_SLOPE, "slopes": objective}
     k5000 = next((row for row in rows if row["K"] == 5000 and row["M"] == 35), None)
     if k5000 is not None:
-        out["objective_k5000_under_30ms"] = {
+        out["k5000_objective_under_30ms"] = {
             "met": bool(k5000["bound_grad_seconds"] <= TARGET_OBJECTIVE_K5000),
             "value": k5000["bound_grad_seconds"], "threshold": TARGET_OBJECTIVE_K5000,
             "collapsed_seconds": k5000["collapsed_grad_seconds"]}
     large = payload["large"]
-    out["objective_k50000_under_150ms"] = {
+    out["large_k_objective_under_150ms"] = {
         "met": bool(large["bound_grad_seconds"] <= TARGET_OBJECTIVE_K50000),
         "value": large["bound_grad_seconds"], "threshold": TARGET_OBJECTIVE_K50000,
         "K": large["K"], "collapsed_seconds": large["collapsed_grad_seconds"]}
