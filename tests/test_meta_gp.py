@@ -478,6 +478,29 @@ def test_quadratic_form_equals_the_module_by_module_scores():
     torch.testing.assert_close(quadratic.precision.detach(), precision, rtol=1e-9, atol=1e-9)
 
 
+def test_the_bound_does_not_depend_on_how_the_sites_are_blocked(monkeypatch):
+    """Blocks of one module each (a single point per block would cut modules) and one block per
+    group give the same bound and gradient."""
+    import pyrogp_models.modules.stack as stack_module
+
+    values = []
+    for columns in (4096, 1):
+        monkeypatch.setattr(stack_module, "SITE_BLOCK_COLUMNS", columns)
+        stack = ModuleStack.from_modules(heterogeneous_modules())
+        assert len(stack.sites.blocks) == (5 if columns > 1 else stack.num_modules)
+        meta = MetaGP(stack, torch.linspace(-0.5, 4.5, 7).unsqueeze(-1),
+                      Stationary("rbf", 1, (), False, 0.8, 1.5), on_unbounded="warn")
+        torch.manual_seed(0)
+        set_random_q(meta)
+        total = meta.bound()
+        total.backward()
+        values.append((total.detach(), [p.grad for p in meta.parameters()]))
+    (first, first_grads), (second, second_grads) = values
+    torch.testing.assert_close(first, second, rtol=1e-12, atol=0)
+    for a, b in zip(first_grads, second_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def position_major(count, size):
     """The rows of ``count`` modules with ``size`` rows each (module after module) in the
     stacked layout: stacked[i] = rows[order[i]], point j of module g at j·count + g."""

@@ -203,9 +203,9 @@ class _SiteGram(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, cross_t: torch.Tensor, inverse_chol: torch.Tensor, prior_chol: torch.Tensor,
-                roots: torch.Tensor, sign: torch.Tensor, shift: torch.Tensor):
+                roots: torch.Tensor, sign: torch.Tensor | None, shift: torch.Tensor):
         factor_t = inverse_chol @ _apply_blocks(roots, cross_t, transpose=True)  # Aᵀ [M, N_b]
-        signed_t = factor_t * sign
+        signed_t = factor_t if sign is None else factor_t * sign
         precision = signed_t @ factor_t.mT
         precision = 0.5 * (precision + precision.mT)
         ctx.save_for_backward(signed_t, inverse_chol, prior_chol, precision, roots, shift)
@@ -224,7 +224,7 @@ class _SiteGram(torch.autograd.Function):
 
 
 #: One block of the stacked site layout: K_*b [M, N_b] (position-major), R_k [M_k, M_k, G_b]
-#: (R_g[a, b] at [a, b, g]), s [N_b] and b [N_b].
+#: (R_g[a, b] at [a, b, g]), s [N_b] (None: all +1) and b [N_b].
 SiteBlock = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -247,7 +247,8 @@ def site_quadratic(blocks: Iterable[SiteBlock], prior_chol: torch.Tensor,
     passes — linear in N.
 
     Args:
-        blocks: (K_*b, R, s, b) per block (:data:`SiteBlock`; R, s, b constants).
+        blocks: (K_*b, R, s, b) per block (:data:`SiteBlock`; R, s, b constants; s = None when
+            every sign is +1, which saves a pass).
         prior_chol: L_** [M, M].
         site_trace: Σ_k tr(P_k K_kk^{(*)}) [].
         site_constant: Σ_k (the constants of :class:`SiteParameters`) [].
@@ -258,7 +259,8 @@ def site_quadratic(blocks: Iterable[SiteBlock], prior_chol: torch.Tensor,
     for cross_t, roots, sign, shift in blocks:
         part, part_projected = _SiteGram.apply(cross_t.contiguous(), inverse_chol,
                                                prior_chol.detach(), roots.detach(),
-                                               sign.detach(), shift.detach())
+                                               None if sign is None else sign.detach(),
+                                               shift.detach())
         precision, projected = precision + part, projected + part_projected
     whitened_shift = triangular_solve(prior_chol, projected.unsqueeze(-1)).squeeze(-1)
     constant = -0.5 * (site_trace - precision.diagonal().sum() + site_constant)

@@ -138,7 +138,7 @@ class SiteBlock(NamedTuple):
 
     inputs: torch.Tensor  # Z_k side by side, [G M_k, D]
     roots: torch.Tensor  # R_k, [M_k, M_k, G] (R_g[a, b] at [a, b, g])
-    sign: torch.Tensor  # s [G M_k]: P_k = R_k diag(s_k) R_kᵀ
+    sign: torch.Tensor | None  # s [G M_k]: P_k = R_k diag(s_k) R_kᵀ (None: every s is +1)
     shift: torch.Tensor  # b [G M_k]
 
 
@@ -255,9 +255,10 @@ class ModuleStack:
             step = max(1, SITE_BLOCK_COLUMNS // group.num_inducing)
             for start in range(0, len(group.names), step):
                 part = slice(start, start + step)
+                sign = position_major(signs[part])
                 blocks.append(SiteBlock(position_major(group.inducing[part]),
                                         roots[part].permute(1, 2, 0).contiguous(),
-                                        position_major(signs[part]),
+                                        None if bool((sign == 1).all()) else sign,
                                         position_major(group.sites.shift[part])))
         return StackedSites(tuple(blocks), tuple(group.sites.precision for group in self.groups),
                             sum(group.sites.constant.sum() for group in self.groups))
