@@ -142,12 +142,24 @@ class SiteBlock(NamedTuple):
     shift: torch.Tensor  # b [G M_k]
 
 
+class SiteTrace(NamedTuple):
+    """The G modules of one M_k-group for Σ_k tr(P_k K_kk) = Σ_k [Σ_i (P_k)_ii K_ii +
+    Σ_{i<j} ((P_k)_ij + (P_k)_ji) K_ij] with a symmetric K_kk: the diagonal of K_kk and its
+    entries above the diagonal only, each pair (i, j) as a 1 × 1 block."""
+
+    inducing: torch.Tensor  # Z_k, [G, M_k, D]
+    left: torch.Tensor  # z_ki of the pairs i < j, [G, P, 1, D]
+    right: torch.Tensor  # z_kj, [G, P, 1, D]
+    diagonal: torch.Tensor  # (P_k)_ii, [G, M_k]
+    off_diagonal: torch.Tensor  # (P_k)_ij + (P_k)_ji, [G, P]
+
+
 class StackedSites(NamedTuple):
     """The sites of all (single-latent) modules of a stack in the stacked layout (module
     docstring): constants of the meta-GP's bound, computed once per stack."""
 
     blocks: tuple[SiteBlock, ...]
-    precisions: tuple[torch.Tensor, ...]  # P_k per M_k-group, [G, M_k, M_k]
+    traces: tuple[SiteTrace, ...]  # per M_k-group
     constant: torch.Tensor  # Σ_k (the constants of SiteParameters), []
 
 
@@ -260,7 +272,16 @@ class ModuleStack:
                                         roots[part].permute(1, 2, 0).contiguous(),
                                         None if bool((sign == 1).all()) else sign,
                                         position_major(group.sites.shift[part])))
-        return StackedSites(tuple(blocks), tuple(group.sites.precision for group in self.groups),
+        traces = []
+        for group in self.groups:
+            precision = group.sites.precision
+            upper, lower = torch.triu_indices(group.num_inducing, group.num_inducing, 1,
+                                              device=precision.device)
+            traces.append(SiteTrace(group.inducing, group.inducing[:, upper].unsqueeze(-2),
+                                    group.inducing[:, lower].unsqueeze(-2),
+                                    precision.diagonal(dim1=-2, dim2=-1),
+                                    precision[:, upper, lower] + precision[:, lower, upper]))
+        return StackedSites(tuple(blocks), tuple(traces),
                             sum(group.sites.constant.sum() for group in self.groups))
 
     def indefinite_sites(self) -> list[str]:

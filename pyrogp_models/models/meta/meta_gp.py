@@ -168,10 +168,28 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         and one exponential (:mod:`pyrogp_models.kernels.fused_rbf`)."""
         return self.kernel.weighted_cross(self.inducing, X)
 
-    def module_covariance(self, inducing: torch.Tensor) -> torch.Tensor:
-        """K_kk^{(*)} = k(Z_k, Z_k) [G, M_k, M_k] under the global kernel for Z_k [G, M_k, D]:
-        every evaluation of the global kernel at the modules' inducing inputs."""
-        return self.kernel(inducing)
+    def module_covariance(self, inducing: torch.Tensor, other: torch.Tensor | None = None,
+                          diagonal: bool = False) -> torch.Tensor:
+        """k(Z_k, Z_k') [..., M_k, M_k'] under the global kernel for module inducing inputs
+        batched over modules (``other`` None: K_kk^{(*)} = k(Z_k, Z_k); ``diagonal``: its
+        diagonal [..., M_k]): every evaluation of the global kernel at the modules' inducing
+        inputs."""
+        if diagonal:
+            return self.kernel.diag(inducing)
+        return self.kernel(inducing, other)
+
+    def site_trace(self) -> torch.Tensor:
+        """Σ_k tr(P_k K_kk^{(*)}) from the diagonal and the entries above it of each K_kk^{(*)}
+        (:class:`pyrogp_models.modules.stack.SiteTrace`): a third of the kernel entries for
+        M_k = 3."""
+        total = 0.0
+        for trace in self.stack.sites.traces:
+            total = total + (self.module_covariance(trace.inducing, diagonal=True)
+                             * trace.diagonal).sum()
+            if trace.off_diagonal.shape[-1]:
+                pairs = self.module_covariance(trace.left, trace.right)[..., 0, 0]
+                total = total + (pairs * trace.off_diagonal).sum()
+        return total
 
     # Gaussian algebra -------------------------------------------------------------------------
     def prior_cholesky(self) -> torch.Tensor:
@@ -197,10 +215,8 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
             return ContrastiveQuadratic(prior_chol.new_zeros(size, size),
                                         prior_chol.new_zeros(size), prior_chol.new_zeros(()))
         sites = self.stack.sites
-        site_trace = sum((precision * self.module_covariance(group.inducing)).sum()
-                         for group, precision in zip(self._groups, sites.precisions, strict=True))
         blocks = ((self.cross_covariance(block.inputs), *block[1:]) for block in sites.blocks)
-        return site_quadratic(blocks, prior_chol, site_trace, sites.constant)
+        return site_quadratic(blocks, prior_chol, self.site_trace(), sites.constant)
 
     def contrastive_predictives(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """q_C(u_k) = N(m_C, S_C) per M_k-group (eq. 17, whitened): means [G, M_k] and
