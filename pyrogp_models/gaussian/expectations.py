@@ -223,12 +223,12 @@ class _SiteGram(torch.autograd.Function):
         return grad_cross_t, grad_inverse, None, None, None, None
 
 
-#: One block of the stacked site layout: K_*b [M, N_b] (position-major), R_k [M_k, M_k, G_b]
-#: (R_g[a, b] at [a, b, g]), s [N_b] (None: all +1) and b [N_b].
-SiteBlock = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+#: The terms of one block of the stacked site layout: K_*b [M, N_b] (position-major), R_k
+#: [M_k, M_k, G_b] (R_g[a, b] at [a, b, g]), s [N_b] (None: all +1) and b [N_b].
+BlockTerms = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]
 
 
-def site_quadratic(blocks: Iterable[SiteBlock], prior_chol: torch.Tensor,
+def site_quadratic(blocks: Iterable[BlockTerms], prior_chol: torch.Tensor,
                    site_trace: torch.Tensor, site_constant: torch.Tensor) -> ContrastiveQuadratic:
     """The quadratic form of the contrastive sum from the site parameters of all modules at once.
 
@@ -247,7 +247,7 @@ def site_quadratic(blocks: Iterable[SiteBlock], prior_chol: torch.Tensor,
     passes — linear in N.
 
     Args:
-        blocks: (K_*b, R, s, b) per block (:data:`SiteBlock`; R, s, b constants; s = None when
+        blocks: (K_*b, R, s, b) per block (:data:`BlockTerms`; R, s, b constants; s = None when
             every sign is +1, which saves a pass).
         prior_chol: L_** [M, M].
         site_trace: Σ_k tr(P_k K_kk^{(*)}) [].

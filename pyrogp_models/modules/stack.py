@@ -275,12 +275,12 @@ class ModuleStack:
         traces = []
         for group in self.groups:
             precision = group.sites.precision
-            upper, lower = torch.triu_indices(group.num_inducing, group.num_inducing, 1,
-                                              device=precision.device)
-            traces.append(SiteTrace(group.inducing, group.inducing[:, upper].unsqueeze(-2),
-                                    group.inducing[:, lower].unsqueeze(-2),
+            rows, columns = torch.triu_indices(group.num_inducing, group.num_inducing, 1,
+                                               device=precision.device)  # the pairs i < j
+            traces.append(SiteTrace(group.inducing, group.inducing[:, rows].unsqueeze(-2),
+                                    group.inducing[:, columns].unsqueeze(-2),
                                     precision.diagonal(dim1=-2, dim2=-1),
-                                    precision[:, upper, lower] + precision[:, lower, upper]))
+                                    precision[:, rows, columns] + precision[:, columns, rows]))
         return StackedSites(tuple(blocks), tuple(traces),
                             sum(group.sites.constant.sum() for group in self.groups))
 
