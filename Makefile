@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv test demo bench docs notebooks clean
+.PHONY: venv test demo bench bench-check docs notebooks clean
 
 venv: $(VENV)/.installed
 
@@ -36,7 +36,14 @@ notebooks: venv
 	$(BIN)/python notebooks/execute.py
 
 bench: venv
-	set -e; for script in $(wildcard benchmarks/*.py); do $(BIN)/python "$$script"; done
+	set -e; for script in $(filter-out benchmarks/_% benchmarks/bench_check.py,$(wildcard benchmarks/*.py)); do $(BIN)/python "$$script"; done
+
+# A quick subset of every benchmark (about 3 minutes), each time divided by a reference operation
+# timed in the same run and compared with benchmarks/results/bench_check.json: fails on a
+# slowdown beyond 1.5×. Run it before every commit that touches a model; after an intended change
+# of cost, `$(BIN)/python benchmarks/bench_check.py --update` and commit the JSON.
+bench-check: venv
+	$(BIN)/python benchmarks/bench_check.py
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache results demo_output

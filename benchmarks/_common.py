@@ -68,9 +68,12 @@ def paired_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> l
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU, library versions, thread settings, load and date of this run."""
+    """CPU, library versions, thread settings, load and date of this run, and the CPU time of
+    the reference operation (:mod:`_reference`): benchmark times divided by it compare across
+    machines and loads."""
     import numpy
     import torch
+    from _reference import reference_seconds
 
     info: dict[str, Any] = {
         "date_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -85,6 +88,7 @@ def machine_info() -> dict[str, Any]:
         "numpy": numpy.__version__,
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
     }
+    info["reference_seconds"] = reference_seconds()
     info.update(source_version())
     for name in ("pyro", "gpytorch"):
         try:

@@ -11,7 +11,7 @@ its closed-form optimum, ψ_* and Z_* by gradients). Tests are a grid on [−0.5
 are against the true f, NLPD (mean per point) against noisy y, and the in-range part [0, 5] and
 the extrapolation part are reported separately.
 
-Four measurements:
+Six measurements:
 
 1. **End to end, 10⁶ points in 5000 partitions** — batched local fits, recycling and prediction
    of 10⁴ test points, wall and CPU seconds per stage; accuracy against a full-data SVGP with the
@@ -25,11 +25,23 @@ Four measurements:
 4. **Accuracy at 10⁴ points** (K = 50 × N_k = 200, M = 35), over seeds: the meta-GP (collapsed and
    uncollapsed) against the full-data SVGP and against expert combinations of the *same* modules
    (PoE, gPoE, BCM, rBCM and the healed rules: softmax-variance weights, barycenters).
+5. **K = 50 000 modules** (1000 replicas of the 50 segments, N_k = 20; local fits capped at 20
+   L-BFGS steps — q(u_k) is at its collapsed optimum at every step, and the cost of the meta-GP
+   objective does not depend on the modules' values): one objective + gradient and the memory it
+   keeps for the backward pass (bytes of saved tensors), against K = 5000.
+6. **Against the authors' EnsembleGP** (only with ``--authors PATH``, a checkout of
+   pmorenoz/RecyclableGP; :mod:`_authors_ensemble`): their bound + gradient and ours on the
+   same modules, float64, in the same process, interleaved, at K ∈ {100, 1000, 5000}.
+
+Objective times are also given as *figures*: time / the reference operation's time
+(:mod:`_reference`) in the same round, which compare across machines and loads (the benchmark
+guard, ``bench_check.py``, reads figures).
 
 Usage::
 
     python benchmarks/meta_gp.py            # full → benchmarks/results/meta_gp.json
     python benchmarks/meta_gp.py --quick    # smoke run → benchmarks/results/meta_gp_quick.json
+    python benchmarks/meta_gp.py --authors ~/src/RecyclableGP   # with the authors' code
 
 Timings on a shared machine are noisy: the JSON records the load average, CPU seconds next to
 wall seconds, and medians over interleaved repeats.
@@ -39,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -59,9 +72,11 @@ from _common import (  # noqa: E402
     load_average,
     machine_info,
     median,
+    paired_ratios,
     print_table,
     write_json,
 )
+from _reference import reference_operation  # noqa: E402
 from pyrogp_models.inference import metrics  # noqa: E402
 from pyrogp_models.inference.local_fit import LocalFit, LocalFitSpec, default_config, fit_local  # noqa: E402
 from pyrogp_models.inference.recycling import (  # noqa: E402
@@ -87,6 +102,9 @@ TARGET_RMSE_RATIO = 1.5  # meta in-range RMSE ≤ 1.5 × the full-data SVGP's (1
 TARGET_RMSE_10K = 0.3  # meta in-range RMSE at 10⁴ points
 TARGET_NLPD_GAP = 0.1  # |meta NLPD − full-data SVGP NLPD| at 10⁴ points (in range)
 TARGET_SLOPE = 1.15  # log–log slope of time against K: "linear (or better)"
+TARGET_OBJECTIVE_K5000 = 0.030  # seconds of one bound + gradient at K = 5000, M = 35
+TARGET_OBJECTIVE_K50000 = 0.150  # seconds of one bound + gradient at K = 50 000, M = 35
+TARGET_AUTHORS_SPEEDUP = 1000.0  # against the authors' EnsembleGP at K = 5000, same process
 
 #: Expert combinations of the same modules: the paper's baselines, then the healed rules
 #: (Cohen et al. 2020) with the paper's regression temperature.
@@ -114,6 +132,11 @@ class Settings:
     meta_steps: int | None = None  # step cap of every meta-GP fit (None: the library default)
     fit_repeats: int = 3  # whole fits per (K, M), while their total stays within the budget
     fit_repeat_budget: float = 240.0
+    large_replicas: int = 1000  # K = 50 R modules of large_points points each
+    large_points: int = 20
+    large_local_steps: int | None = 20  # step cap of their local fits (timing only)
+    authors_ks: tuple[int, ...] = (100, 1000, 5000)
+    authors_repeats: int = 3
 
 
 FULL = Settings()
@@ -121,7 +144,8 @@ QUICK = Settings(e2e_replicas=2, e2e_points=40, e2e_test=1000, local_steps=40,
                  ks=(25, 50, 100),
                  ms=(15, 35), objective_repeats=2, accuracy_seeds=(0,), accuracy_points=60,
                  accuracy_local_steps=100, accuracy_test=300, accuracy_uncollapsed=False,
-                 meta_steps=3, fit_repeats=1)
+                 meta_steps=3, fit_repeats=1, large_replicas=10, authors_ks=(10, 50),
+                 authors_repeats=2)
 
 
 # Data ---------------------------------------------------------------------------------------
@@ -347,6 +371,7 @@ def _objective_calls(meta_bound: MetaGP, meta_collapsed: MetaGP) -> dict:
 
 def bench_scaling(s: Settings, modules: dict[str, Module]) -> list[dict]:
     names = list(modules)
+    reference = reference_operation()
     rows = []
     for M in s.ms:
         for K in s.ks:
@@ -355,6 +380,7 @@ def bench_scaling(s: Settings, modules: dict[str, Module]) -> list[dict]:
                 stack = ModuleStack.from_modules(subset)
             calls = _objective_calls(_meta_for_timing(stack, M, False),
                                      _meta_for_timing(stack, M, True))
+            calls["reference"] = reference
             times = interleaved_times(calls, repeats=s.objective_repeats)
             fit_walls, fit_cpus = [], []
             while True:  # repeat fits that are quick enough; report medians
@@ -370,6 +396,11 @@ def bench_scaling(s: Settings, modules: dict[str, Module]) -> list[dict]:
                    "collapsed_grad_seconds": median(times["collapsed"]),
                    "bound_grad_seconds_all": times["bound"],
                    "collapsed_grad_seconds_all": times["collapsed"],
+                   "reference_seconds": median(times["reference"]),
+                   "bound_grad_figure": median(paired_ratios(times["bound"],
+                                                             times["reference"])),
+                   "collapsed_grad_figure": median(paired_ratios(times["collapsed"],
+                                                                 times["reference"])),
                    "fit_seconds": median(fit_walls), "fit_cpu_seconds": median(fit_cpus),
                    "fit_seconds_all": fit_walls,
                    "fit_steps": recycled.result.steps,
@@ -497,6 +528,104 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
     return out
 
 
+# 5. K = 50 000 modules --------------------------------------------------------------------------
+def saved_bytes(run) -> int:
+    """Bytes of the tensors one call of ``run`` (an objective and its backward pass) keeps for
+    the backward pass, counted as autograd saves them."""
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return total
+
+
+def bench_large(s: Settings, modules: dict[str, Module], seed: int) -> dict:
+    """One objective + gradient at K = 50 R modules of ``large_points`` points each (R replicas
+    of the segments, fitted with the default training), and the saved-tensor bytes per module
+    against the end-to-end modules."""
+    problem = distributed_problem(s.large_replicas, s.large_points, seed)
+    with Stopwatch() as local_clock:
+        local = fit_modules(problem, s.large_local_steps, seed)
+    K = len(local.modules)
+    print(f"  {K} modules of {s.large_points} points: local fits "
+          f"{format_seconds(local_clock.wall)}", flush=True)
+    with Stopwatch() as stack_clock:
+        stack = ModuleStack.from_modules(local.modules)
+    calls = _objective_calls(_meta_for_timing(stack, s.inducing, False),
+                             _meta_for_timing(stack, s.inducing, True))
+    calls["reference"] = reference_operation()
+    times = interleaved_times(calls, repeats=s.objective_repeats)
+    small = ModuleStack.from_modules(modules)
+    small_calls = _objective_calls(_meta_for_timing(small, s.inducing, False),
+                                   _meta_for_timing(small, s.inducing, True))
+    memory = {f"{kind}_saved_bytes_per_module": {
+        str(small.num_modules): saved_bytes(small_calls[kind]) / small.num_modules,
+        str(K): saved_bytes(calls[kind]) / K} for kind in ("bound", "collapsed")}
+    row = {"K": K, "M": s.inducing, "points_per_module": s.large_points,
+           "local_fits": local_clock.record(), "stack_seconds": stack_clock.wall,
+           "bound_grad_seconds": median(times["bound"]),
+           "collapsed_grad_seconds": median(times["collapsed"]),
+           "bound_grad_seconds_all": times["bound"],
+           "collapsed_grad_seconds_all": times["collapsed"],
+           "reference_seconds": median(times["reference"]),
+           "bound_grad_figure": median(paired_ratios(times["bound"], times["reference"])),
+           "collapsed_grad_figure": median(paired_ratios(times["collapsed"],
+                                                         times["reference"])),
+           **memory, "load_average": load_average()}
+    print(f"  K={K}: L_E+grad {format_seconds(row['bound_grad_seconds'])}, L_E*+grad "
+          f"{format_seconds(row['collapsed_grad_seconds'])}; saved bytes per module "
+          f"{memory['bound_saved_bytes_per_module']}", flush=True)
+    return row
+
+
+# 6. Against the authors' EnsembleGP -----------------------------------------------------------
+def bench_authors(s: Settings, modules: dict[str, Module], checkout: Path) -> list[dict]:
+    """Their bound + gradient (EnsembleGP, float64) and ours (L_E + gradient) on the same modules
+    and starting point, in this process: rounds of one evaluation of theirs and as many of ours
+    as take about as long, in CPU and wall seconds."""
+    import _authors_ensemble
+
+    authors = _authors_ensemble.load(checkout)
+    names = list(modules)
+    rows = []
+    for K in s.authors_ks:
+        stack = ModuleStack.from_modules({name: modules[name] for name in names[:K]})
+        ours_meta = _meta_for_timing(stack, s.inducing, False)
+        ours = _objective_calls(ours_meta, ours_meta)["bound"]
+        theirs = _authors_ensemble.evaluation(
+            _authors_ensemble.ensemble_like(authors, ours_meta, stack))
+        theirs_value = -theirs()  # warm-up; their forward returns −bound
+        ours()
+        clocks = {"ours": [], "theirs": []}
+        for _ in range(s.authors_repeats):
+            with Stopwatch() as clock:
+                theirs()
+            clocks["theirs"].append(clock.record())
+            number = max(1, round(clock.cpu / max(clocks["ours"][-1]["cpu_seconds"], 1e-4))
+                         if clocks["ours"] else 10)
+            with Stopwatch() as clock:
+                for _ in range(number):
+                    ours()
+            clocks["ours"].append({key: value / number for key, value in clock.record().items()})
+        row = {"K": K, "M": s.inducing, "repeats": s.authors_repeats,
+               "ours_bound": float(ours_meta.bound()), "theirs_bound": theirs_value}
+        for who in ("ours", "theirs"):
+            for key in ("wall_seconds", "cpu_seconds"):
+                row[f"{who}_{key}"] = median([c[key] for c in clocks[who]])
+        row["speedup_cpu"] = row["theirs_cpu_seconds"] / row["ours_cpu_seconds"]
+        row["speedup_wall"] = row["theirs_wall_seconds"] / row["ours_wall_seconds"]
+        rows.append(row)
+        print(f"  K={K}: theirs {format_seconds(row['theirs_cpu_seconds'])} CPU, ours "
+              f"{format_seconds(row['ours_cpu_seconds'])} CPU: {row['speedup_cpu']:.0f}×",
+              flush=True)
+    return rows
+
+
 # Targets and tables -------------------------------------------------------------------------------
 def targets(payload: dict) -> dict:
     out = {}
@@ -513,6 +642,23 @@ def targets(payload: dict) -> dict:
     worst = max(row["slope"] for row in objective)
     out["objective_linear_in_K"] = {"met": bool(worst <= TARGET_SLOPE), "value": worst,
                                     "threshold": TARGET_SLOPE, "slopes": objective}
+    k5000 = next((row for row in rows if row["K"] == 5000 and row["M"] == 35), None)
+    if k5000 is not None:
+        out["k5000_objective_under_30ms"] = {
+            "met": bool(k5000["bound_grad_seconds"] <= TARGET_OBJECTIVE_K5000),
+            "value": k5000["bound_grad_seconds"], "threshold": TARGET_OBJECTIVE_K5000,
+            "collapsed_seconds": k5000["collapsed_grad_seconds"]}
+    large = payload["large"]
+    out["large_k_objective_under_150ms"] = {
+        "met": bool(large["bound_grad_seconds"] <= TARGET_OBJECTIVE_K50000),
+        "value": large["bound_grad_seconds"], "threshold": TARGET_OBJECTIVE_K50000,
+        "K": large["K"], "collapsed_seconds": large["collapsed_grad_seconds"]}
+    authors = [row for row in payload.get("authors") or [] if row["K"] == 5000]
+    if authors:
+        out["k5000_1000x_the_authors"] = {
+            "met": bool(authors[0]["speedup_cpu"] >= TARGET_AUTHORS_SPEEDUP),
+            "value": authors[0]["speedup_cpu"], "threshold": TARGET_AUTHORS_SPEEDUP,
+            "wall_speedup": authors[0]["speedup_wall"]}
     e2e = payload["end_to_end"]
     out["end_to_end_under_5_minutes"] = {
         "met": bool(e2e["total_seconds"] < TARGET_END_TO_END_SECONDS),
@@ -568,6 +714,20 @@ def print_tables(payload: dict) -> None:
                 ["K", "M", "L_E+grad", "µs/module", "L_E*+grad", "µs/module", "stack",
                  "fit wall", "fit CPU", "evals"],
                 "Cost in K (medians; fit = recycle(collapsed=True), L-BFGS)")
+    print("figures (time / reference): " + ", ".join(
+        f"K={r['K']} M={r['M']} {r['bound_grad_figure']:.2f}/{r['collapsed_grad_figure']:.2f}"
+        for r in payload["scaling"]))
+    large = payload["large"]
+    print(f"K={large['K']}: L_E+grad {format_seconds(large['bound_grad_seconds'])}, L_E*+grad "
+          f"{format_seconds(large['collapsed_grad_seconds'])}; saved bytes per module "
+          f"{large['bound_saved_bytes_per_module']}")
+    if payload.get("authors"):
+        print()
+        print_table([[r["K"], format_seconds(r["theirs_cpu_seconds"]),
+                      format_seconds(r["ours_cpu_seconds"]), f"{r['speedup_cpu']:.0f}×",
+                      f"{r['speedup_wall']:.0f}×"] for r in payload["authors"]],
+                    ["K", "EnsembleGP (CPU)", "ours (CPU)", "speed-up (CPU)", "speed-up (wall)"],
+                    "Against the authors' EnsembleGP: bound + gradient, float64, same process")
     print("log-log slopes: " + ", ".join(
         f"M={r['M']} {r['quantity'].replace('_seconds', '')} {r['slope']:.2f}"
         for r in payload["scaling_slopes"]))
@@ -610,6 +770,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="JSON path")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave as is)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--authors", type=Path,
+                        default=os.environ.get("PYROGP_AUTHORS_CODE") or None,
+                        help="a checkout of the authors' code (pmorenoz/RecyclableGP) to time "
+                             "their EnsembleGP against (default: $PYROGP_AUTHORS_CODE; skipped "
+                             "without one)")
     return parser.parse_args(argv)
 
 
@@ -640,12 +805,19 @@ def main(argv=None) -> dict:
             "Meta-GP: recycle(collapsed=True) with the default training (the library's L-BFGS, "
             "one evaluation of the bound with its gradient per step, rejected trial points "
             "included).",
-            "Objective: both bounds go through their quadratic form in q(v), with each module's "
-            "site parameters P_k = S_k⁻¹ − K_kk⁻¹ and b_k = S_k⁻¹μ_k cached when the stack is "
-            "built; one evaluation is the kernel matrix between Z_* and all Σ M_k module "
-            "inducing inputs, one block product with the P_k and M×M algebra. λ_min(Λ_w) is "
-            "checked every 5 evaluations on the Λ_w the evaluation computed. Fit times include "
-            "building the stack, k-means initialisation and the export.",
+            "Objective: both bounds go through their quadratic form in q(v), from each module's "
+            "site parameters (P_k = R_k diag(s_k) R_kᵀ, b_k, constants) cached once per stack in "
+            "blocks of up to 4096 module inducing inputs (ModuleStack.sites); per block one "
+            "cross-covariance K_*b, the block product with the R_k, one product with L_**⁻¹ and "
+            "the Gram Aᵀdiag(s)A, and a hand-written backward (one product and M×M algebra). "
+            "λ_min(Λ_w) is checked every 5 evaluations on the Λ_w the evaluation computed. Fit "
+            "times include building the stack, k-means initialisation and the export.",
+            "Figures are objective times divided by the reference operation "
+            "(benchmarks/_reference.py) timed in the same interleaved rounds.",
+            "authors: their EnsembleGP from the checkout given by --authors (float64, torch.solve "
+            "and torch.cholesky shims, the same relative jitter as ours on K_** and each K_kk), "
+            "bound + gradient, one evaluation of theirs per round against as many of ours as "
+            "take about as long; CPU and wall seconds, same process.",
             "RMSE/MAE are against the true f; NLPD is the mean per-point −log p(y*) with the "
             "modules' N_k-weighted noise variance; in range = [0, 5], extrapolation = the 0.5 on "
             "each side.",
@@ -654,15 +826,24 @@ def main(argv=None) -> dict:
     }
     print(f"meta_gp benchmark ({mode}): torch {torch.__version__}, {torch.get_num_threads()} "
           "thread(s)", flush=True)
-    print("[1/4] end to end", flush=True)
+    print("[1/6] end to end", flush=True)
     payload["end_to_end"], modules, _ = bench_end_to_end(settings, args.seed)
-    print("[2/4] cost in K", flush=True)
+    print("[2/6] cost in K", flush=True)
     payload["scaling"] = bench_scaling(settings, modules)
     payload["scaling_slopes"] = scaling_slopes(payload["scaling"])
-    print("[3/4] profile of the largest fit", flush=True)
+    print("[3/6] profile of the largest fit", flush=True)
     payload["profile"] = bench_profile(settings, modules, payload["scaling"])
-    print("[4/4] accuracy at 10⁴ points", flush=True)
+    print("[4/6] accuracy at 10⁴ points", flush=True)
     payload["accuracy"] = bench_accuracy(settings)
+    print(f"[5/6] K = {50 * settings.large_replicas} modules", flush=True)
+    payload["large"] = bench_large(settings, modules, args.seed)
+    if args.authors is not None:
+        print("[6/6] against the authors' EnsembleGP", flush=True)
+        payload["authors"] = bench_authors(settings, modules, args.authors.expanduser())
+    else:
+        print("[6/6] against the authors' EnsembleGP: skipped (no --authors checkout)",
+              flush=True)
+        payload["authors"] = None
     payload["targets"] = targets(payload)
     payload["total_seconds"] = time.perf_counter() - started
     payload["machine"]["load_average_end"] = load_average()

@@ -483,20 +483,51 @@ def test_quadratic_form_equals_the_module_by_module_scores():
     torch.testing.assert_close(quadratic.precision.detach(), precision, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("sizes", [(3, 5), (20,)])
-def test_block_diagonal_product_value_and_gradient(sizes):
-    """blockdiag(A_k) X (entry-by-entry blocks up to M_k = 16, batched matrix products above),
-    against dense algebra and finite differences."""
+def test_the_bound_does_not_depend_on_how_the_sites_are_blocked(monkeypatch):
+    """Blocks of one module each (a single point per block would cut modules) and one block per
+    group give the same bound and gradient."""
+    import pyrogp_models.modules.stack as stack_module
+
+    values = []
+    for columns in (4096, 1):
+        monkeypatch.setattr(stack_module, "SITE_BLOCK_COLUMNS", columns)
+        stack = ModuleStack.from_modules(heterogeneous_modules())
+        assert len(stack.sites.blocks) == (5 if columns > 1 else stack.num_modules)
+        meta = MetaGP(stack, torch.linspace(-0.5, 4.5, 7).unsqueeze(-1),
+                      Stationary("rbf", 1, (), False, 0.8, 1.5), on_unbounded="warn")
+        torch.manual_seed(0)
+        set_random_q(meta)
+        total = meta.bound()
+        total.backward()
+        values.append((total.detach(), [p.grad for p in meta.parameters()]))
+    (first, first_grads), (second, second_grads) = values
+    torch.testing.assert_close(first, second, rtol=1e-12, atol=0)
+    for a, b in zip(first_grads, second_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def position_major(count, size):
+    """The rows of ``count`` modules with ``size`` rows each (module after module) in the
+    stacked layout: stacked[i] = rows[order[i]], point j of module g at j·count + g."""
+    return torch.arange(count * size).reshape(count, size).mT.reshape(-1)
+
+
+@pytest.mark.parametrize("size", [3, 20])
+def test_block_diagonal_product_value_and_gradient(size):
+    """blockdiag(A_g) X in the stacked layout (entry by entry up to M_k = 16, batched products
+    above), against dense algebra and finite differences."""
     from pyrogp_models.gaussian.expectations import block_diagonal_product
 
     generator = torch.Generator().manual_seed(0)
-    blocks = [torch.randn(4 // len(sizes) + 1, size, size, generator=generator)
-              for size in sizes]
-    rows = sum(b.shape[0] * b.shape[1] for b in blocks)
-    matrix = torch.randn(rows, 6, generator=generator, requires_grad=True)
-    dense = torch.block_diag(*(block for group in blocks for block in group))
-    torch.testing.assert_close(block_diagonal_product(blocks, matrix), dense @ matrix)
-    assert torch.autograd.gradcheck(lambda m: block_diagonal_product(blocks, m), (matrix,))
+    blocks = torch.randn(3, size, size, generator=generator, dtype=torch.float64)
+    matrix = torch.randn(3 * size, 6, generator=generator, dtype=torch.float64)
+    order = position_major(3, size)
+    stacked_t = matrix[order].mT.contiguous().requires_grad_(True)
+    by_position = blocks.permute(1, 2, 0)
+    torch.testing.assert_close(block_diagonal_product(by_position, stacked_t),
+                               (torch.block_diag(*blocks) @ matrix)[order].mT)
+    assert torch.autograd.gradcheck(lambda m: block_diagonal_product(by_position, m),
+                                    (stacked_t,))
 
 
 def test_the_site_precision_stays_positive_semidefinite_when_badly_conditioned():
@@ -523,10 +554,11 @@ def test_the_site_precision_stays_positive_semidefinite_when_badly_conditioned()
     scales = 10.0 ** (8 * torch.rand(count, 1, 1, generator=generator, dtype=torch.float64))
     values, vectors = torch.linalg.eigh(factors @ factors.mT * scales)
     roots = vectors * values.clamp_min(0).sqrt().unsqueeze(-2)
-    signs = torch.ones(count, size, dtype=torch.float64)
     zero = torch.zeros((), dtype=torch.float64)
-    quadratic = site_quadratic(cross, prior_chol, [roots], [signs],
-                               torch.zeros(count * size, dtype=torch.float64), zero, zero)
+    order = position_major(count, size)
+    block = (cross[order].mT, roots.permute(1, 2, 0), torch.ones(count * size, dtype=torch.float64),
+             torch.zeros(count * size, dtype=torch.float64))
+    quadratic = site_quadratic([block], prior_chol, zero, zero)
     assert torch.linalg.eigvalsh(quadratic.precision).min() > -1e-5
     dense = torch.block_diag(*(root @ root.mT for root in roots))
     expected = torch.linalg.solve_triangular(prior_chol, torch.linalg.solve_triangular(
@@ -534,6 +566,53 @@ def test_the_site_precision_stays_positive_semidefinite_when_badly_conditioned()
     scale = expected.abs().max()
     torch.testing.assert_close(quadratic.precision / scale, expected / scale, rtol=0,
                                atol=1e-8)
+
+
+def test_site_quadratic_value_and_gradient_against_dense_algebra():
+    """P_w, η_w and c summed over blocks of the stacked sites (M_k = 3 and M_k = 20, entry by
+    entry and batched; signs +1, 0 and −1) equal L⁻¹K_*·PK_·*L⁻ᵀ etc. formed densely, and the
+    hand-written gradient with respect to K_*· and L_** passes finite differences."""
+    from pyrogp_models.gaussian.expectations import site_quadratic
+
+    generator = torch.Generator().manual_seed(1)
+    num_inducing = 5
+    groups = [torch.randn(4, 3, 3, generator=generator, dtype=torch.float64),
+              torch.randn(2, 20, 20, generator=generator, dtype=torch.float64)]
+    rows = sum(g.shape[0] * g.shape[1] for g in groups)
+    signs = torch.randint(-1, 2, (rows,), generator=generator).to(torch.float64)
+    shift = torch.randn(rows, generator=generator, dtype=torch.float64)
+    cross = torch.randn(rows, num_inducing, generator=generator, dtype=torch.float64)
+    root = torch.randn(num_inducing, num_inducing, generator=generator, dtype=torch.float64)
+    prior_chol = torch.linalg.cholesky(root @ root.T + torch.eye(num_inducing,
+                                                                  dtype=torch.float64))
+    orders, start = [], 0
+    for group in groups:
+        orders.append(start + position_major(group.shape[0], group.shape[1]))
+        start += group.shape[0] * group.shape[1]
+    sizes = [len(order) for order in orders]
+    order = torch.cat(orders)
+    dense_roots = torch.block_diag(*(block for group in groups for block in group))
+    trace, constant = (torch.tensor(value, dtype=torch.float64) for value in (0.7, -1.1))
+
+    def stacked(cross_t, chol):
+        blocks = [(part, group.permute(1, 2, 0), s, b) for part, group, s, b in zip(
+            cross_t.split(sizes, -1), groups, signs[order].split(sizes),
+            shift[order].split(sizes), strict=True)]
+        return site_quadratic(blocks, chol, trace, constant)
+
+    def dense(cross_t, chol):
+        cross_rows = torch.empty_like(cross).index_copy(0, order, cross_t.mT)
+        precision_blocks = dense_roots @ torch.diag(signs) @ dense_roots.mT
+        half = torch.linalg.solve_triangular(chol, cross_rows.mT, upper=False)
+        precision = half @ precision_blocks @ half.mT
+        shift_w = half @ shift
+        return precision, shift_w, -0.5 * (trace - precision.diagonal().sum() + constant)
+
+    cross_t = cross[order].mT.contiguous().requires_grad_(True)
+    chol = prior_chol.clone().requires_grad_(True)
+    for fast, slow in zip(stacked(cross_t, chol), dense(cross_t, chol), strict=True):
+        torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-10)
+    assert torch.autograd.gradcheck(lambda c, l: tuple(stacked(c, l.tril())), (cross_t, chol))
 
 
 def test_unbounded_error_lives_in_errors_and_carries_its_findings():

@@ -44,6 +44,7 @@ def test_meta_gp_benchmark_quick(tmp_path):
         assert row["fit_evaluations"] >= 1 and row["fit_steps"] >= 1
         assert len(row["fit_seconds_all"]) >= 1
         assert len(row["bound_grad_seconds_all"]) == settings["objective_repeats"]
+        assert row["bound_grad_figure"] > 0 and row["reference_seconds"] > 0
     slopes = payload["scaling_slopes"]
     assert len(slopes) == 3 * len(settings["ms"])
     assert all(isinstance(row["slope"], float) for row in slopes)
@@ -64,9 +65,16 @@ def test_meta_gp_benchmark_quick(tmp_path):
         assert set(record) == {"summed_local_bound", "summed_local_elbo", "meta_rmse_in_range",
                                "meta_nlpd_in_range"}
 
+    large = payload["large"]
+    assert large["K"] == 50 * settings["large_replicas"]
+    assert large["bound_grad_seconds"] > 0 and large["collapsed_grad_figure"] > 0
+    assert set(large["bound_saved_bytes_per_module"]) == {str(e2e["K"]), str(large["K"])}
+    assert "authors" in payload  # None unless a checkout of the authors' code is given
+
     targets = payload["targets"]
     assert set(targets) == {
-        "fit_k5000_under_30s", "objective_linear_in_K", "end_to_end_under_5_minutes",
+        "fit_k5000_under_30s", "objective_linear_in_K", "large_k_objective_under_150ms",
+        "end_to_end_under_5_minutes",
         "end_to_end_rmse_within_1.5x_full_svgp", "accuracy_10k_rmse_le_0.3",
         "accuracy_10k_nlpd_within_0.1_of_full_svgp", "accuracy_10k_nlpd_better_than_poe_family"}
     for target in targets.values():

@@ -33,10 +33,11 @@ factor; everything batches over leading dimensions.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from pyrogp_models.gaussian.linalg import cholesky_solve, logdet_from_cholesky, triangular_solve
 
@@ -143,35 +144,92 @@ def site_parameters(module_mean: torch.Tensor, module_chol: torch.Tensor,
     return SiteParameters(precision, shift, constant)
 
 
-#: Largest block size M_k multiplied entry by entry (multiply-adds over all modules at once);
-#: larger blocks use a batched matrix product.
+#: Largest block size M_k applied entry by entry (M_k² scaled additions of contiguous rows);
+#: larger blocks use batched matrix products.
 ELEMENTWISE_BLOCK_LIMIT = 16
 
 
-def block_diagonal_product(blocks: Sequence[torch.Tensor], matrix: torch.Tensor) -> torch.Tensor:
-    """blockdiag(A_1, …, A_K) @ X for X [N, M] with the blocks given per group as
-    [G, M_k, M_k] (N = Σ G M_k, groups in order); differentiable in X. Small blocks are applied
-    entry by entry — M_k multiply-adds over the whole group, much faster than G tiny matrix
-    products."""
-    parts, start = [], 0
-    for group in blocks:
-        count, size = group.shape[0], group.shape[-1]
-        source = matrix[start:start + count * size].reshape(count, size, -1)
-        if size <= ELEMENTWISE_BLOCK_LIMIT:
-            target = group[:, :, 0, None] * source[:, None, 0, :]
-            for i in range(1, size):
-                target = torch.addcmul(target, group[:, :, i, None], source[:, None, i, :])
-        else:
-            target = group @ source
-        parts.append(target.reshape(count * size, -1))
-        start += count * size
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
+def _apply_blocks(blocks: torch.Tensor, matrix_t: torch.Tensor, transpose: bool
+                  ) -> torch.Tensor:
+    """Yᵀ [M, G M_k] for Y = blockdiag(A_1, …, A_G) X (or the A_gᵀ with ``transpose``) from Xᵀ,
+    position-major, outside autograd; ``blocks`` [M_k, M_k, G] holds A_g[a, b] at [a, b, g]."""
+    size, count = blocks.shape[0], blocks.shape[-1]
+    source = matrix_t.view(-1, size, count)
+    out = torch.empty_like(matrix_t)
+    target = out.view(-1, size, count)
+    if size > ELEMENTWISE_BLOCK_LIMIT:
+        target.copy_(torch.einsum("jig,mjg->mig" if transpose else "ijg,mjg->mig", blocks,
+                                  source))
+        return out
+    coefficients = blocks.transpose(0, 1) if transpose else blocks  # [i, j] ↦ (A_g)_ij
+    for i in range(size):
+        torch.mul(source[:, 0], coefficients[i, 0], out=target[:, i])
+        for j in range(1, size):
+            target[:, i].addcmul_(source[:, j], coefficients[i, j])
+    return out
 
 
-def site_quadratic(cross: torch.Tensor, prior_chol: torch.Tensor,
-                   roots: Sequence[torch.Tensor], signs: Sequence[torch.Tensor],
-                   shift: torch.Tensor, site_trace: torch.Tensor, site_constant: torch.Tensor
-                   ) -> ContrastiveQuadratic:
+class _BlockDiagonalProduct(torch.autograd.Function):
+    """Yᵀ = (blockdiag(A_g) X)ᵀ with constant blocks; X̄ᵀ = (blockdiag(A_gᵀ) Ȳ)ᵀ."""
+
+    @staticmethod
+    def forward(ctx, matrix_t: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        ctx.blocks = blocks
+        return _apply_blocks(blocks, matrix_t, transpose=False)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        return _apply_blocks(ctx.blocks, grad.contiguous(), transpose=True), None
+
+
+def block_diagonal_product(blocks: torch.Tensor, matrix_t: torch.Tensor) -> torch.Tensor:
+    """(blockdiag(A_1, …, A_G) X)ᵀ [M, G M_k] from Xᵀ [M, G M_k] with the rows of X
+    position-major (row j·G + g is row j of block g) and the blocks as [M_k, M_k, G]
+    (A_g[a, b] at [a, b, g]); differentiable in X (the blocks are constants). Blocks up to
+    :data:`ELEMENTWISE_BLOCK_LIMIT` are applied entry by entry: M_k² scaled additions of
+    contiguous [M, G] slices, much faster than G tiny matrix products."""
+    return _BlockDiagonalProduct.apply(matrix_t.contiguous(), blocks.detach())
+
+
+class _SiteGram(torch.autograd.Function):
+    """(P_b, u_b) = (Aᵀ diag(s) A, K_*b b) for one block of modules, with Aᵀ = L_**⁻¹ Wᵀ,
+    Wᵀ = (blockdiag(R_kᵀ) K_b*)ᵀ, from K_*b [M, N_b] (position-major) and L_**⁻¹ [M, M]; R_k, s,
+    b and L_** are constants (L_**⁻¹ carries the gradient of L_**).
+
+    Backward, with H = P̄ + P̄ᵀ: Āᵀ = H Aᵀ diag(s), so K̄_*b = (blockdiag(R_k) W̄)ᵀ + ū bᵀ with
+    W̄ᵀ = (H L_**⁻¹)ᵀ (Aᵀ diag(s)) — one product with the saved Aᵀ diag(s) — and
+    (L_**⁻¹)‾ = Āᵀ W = H Aᵀ diag(s) A L_**ᵀ = H P_b L_**ᵀ, M × M algebra."""
+
+    @staticmethod
+    def forward(ctx, cross_t: torch.Tensor, inverse_chol: torch.Tensor, prior_chol: torch.Tensor,
+                roots: torch.Tensor, sign: torch.Tensor | None, shift: torch.Tensor):
+        factor_t = inverse_chol @ _apply_blocks(roots, cross_t, transpose=True)  # Aᵀ [M, N_b]
+        signed_t = factor_t if sign is None else factor_t * sign
+        precision = signed_t @ factor_t.mT
+        precision = 0.5 * (precision + precision.mT)
+        ctx.save_for_backward(signed_t, inverse_chol, prior_chol, precision, roots, shift)
+        return precision, cross_t @ shift
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_precision: torch.Tensor, grad_projected: torch.Tensor):
+        signed_t, inverse_chol, prior_chol, precision, roots, shift = ctx.saved_tensors
+        symmetric = grad_precision + grad_precision.mT
+        grad_cross_t = _apply_blocks(roots, (symmetric @ inverse_chol).mT @ signed_t,
+                                     transpose=False)
+        grad_cross_t.addr_(grad_projected, shift)
+        grad_inverse = symmetric @ precision @ prior_chol.mT
+        return grad_cross_t, grad_inverse, None, None, None, None
+
+
+#: The terms of one block of the stacked site layout: K_*b [M, N_b] (position-major), R_k
+#: [M_k, M_k, G_b] (R_g[a, b] at [a, b, g]), s [N_b] (None: all +1) and b [N_b].
+BlockTerms = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]
+
+
+def site_quadratic(blocks: Iterable[BlockTerms], prior_chol: torch.Tensor,
+                   site_trace: torch.Tensor, site_constant: torch.Tensor) -> ContrastiveQuadratic:
     """The quadratic form of the contrastive sum from the site parameters of all modules at once.
 
     With the N = Σ_k M_k module inducing inputs stacked, K_·* = [K_1*; …; K_K*] [N, M] and the
@@ -181,24 +239,32 @@ def site_quadratic(cross: torch.Tensor, prior_chol: torch.Tensor,
     K_kk^{(k)} are (L_**⁻¹(K_*·PK_·*)L_**⁻ᵀ, the same matrix formed the other way round, loses
     that to rounding and can make a bounded bound look unbounded). η_w = L_**⁻¹K_*· b and, as
     Σ_k tr(P_k B_kᵀB_k) = tr(P_w), c = −½[Σ_k tr(P_k K_kk^{(*)}) − tr(P_w) + Σ_k constant_k].
-    The cost is linear in N: M_k passes over K_·* for the block product, one triangular solve
-    with N right-hand sides and one product Aᵀ diag(s) A.
+
+    The modules come in blocks of one M_k each (:class:`pyrogp_models.modules.stack.SiteBlock`),
+    summed; ``blocks`` may be a generator that forms each block's K_*b just before it is used,
+    so that a block's products run in cache. Per block the forward is M_k passes for the block
+    product, one product with L_**⁻¹ and the Gram product; the backward one product and M_k
+    passes — linear in N.
 
     Args:
-        cross: K_·* [N, M], modules in group order.
+        blocks: (K_*b, R, s, b) per block (:data:`BlockTerms`; R, s, b constants; s = None when
+            every sign is +1, which saves a pass).
         prior_chol: L_** [M, M].
-        roots, signs: R_k [G, M_k, M_k] and s_k [G, M_k] per M_k-group (constants).
-        shift: b = (b_1, …, b_K) [N].
         site_trace: Σ_k tr(P_k K_kk^{(*)}) [].
         site_constant: Σ_k (the constants of :class:`SiteParameters`) [].
     """
-    factor = block_diagonal_product([r.detach().mT for r in roots], cross)
-    whitened = triangular_solve(prior_chol, factor.mT)  # Aᵀ [M, N]
-    sign = torch.cat([s.detach().reshape(-1) for s in signs])
-    precision = (whitened * sign) @ whitened.mT
-    whitened_shift = triangular_solve(prior_chol, (cross.mT @ shift.detach()).unsqueeze(-1))
+    eye = torch.eye(prior_chol.shape[-1], dtype=prior_chol.dtype, device=prior_chol.device)
+    inverse_chol = triangular_solve(prior_chol, eye)  # L_**⁻¹
+    precision, projected = 0.0, 0.0
+    for cross_t, roots, sign, shift in blocks:
+        part, part_projected = _SiteGram.apply(cross_t.contiguous(), inverse_chol,
+                                               prior_chol.detach(), roots.detach(),
+                                               None if sign is None else sign.detach(),
+                                               shift.detach())
+        precision, projected = precision + part, projected + part_projected
+    whitened_shift = triangular_solve(prior_chol, projected.unsqueeze(-1)).squeeze(-1)
     constant = -0.5 * (site_trace - precision.diagonal().sum() + site_constant)
-    return ContrastiveQuadratic(precision, whitened_shift.squeeze(-1), constant)
+    return ContrastiveQuadratic(precision, whitened_shift, constant)
 
 
 def evaluate_quadratic(quadratic: ContrastiveQuadratic, mean: torch.Tensor, chol: torch.Tensor

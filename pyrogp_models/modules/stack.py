@@ -14,6 +14,11 @@ Derived per group on first use:
 - the site parameters P_k = S_k⁻¹ − K_kk^{(k)−1}, b_k = S_k⁻¹μ_k − K_kk^{(k)−1}μ_pk of
   single-latent modules (:func:`pyrogp_models.gaussian.expectations.site_parameters`), which the
   meta-GPs' bounds use;
+- :attr:`ModuleStack.sites`, the site parameters of all modules in the *stacked layout* the
+  meta-GP's bound reads (:func:`pyrogp_models.gaussian.expectations.site_quadratic`): blocks of
+  up to :data:`SITE_BLOCK_COLUMNS` module inducing inputs of one M_k-group, each block
+  position-major (point j of its module g at j·G + g), so that applying the M_k × M_k site
+  factors of all its modules is M_k² scaled additions of contiguous rows;
 - the whitened posterior and L_k⁻¹ (by one triangular solve against I: batched products are
   several times faster than batched triangular solves on CPU), with which
   :meth:`ModuleGroup.latent` predicts every module of the group at once.
@@ -32,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import NamedTuple
 
 import torch
 
@@ -54,6 +60,9 @@ from pyrogp_models.modules.units import common_standardisation, convert
 
 #: A site precision counts as indefinite when a singular value of L_pk⁻¹L_k exceeds 1 + this.
 SITE_TOLERANCE = 1e-8
+#: Module inducing inputs per block of the stacked layout (:attr:`ModuleStack.sites`): the
+#: meta-GP's [M, columns] products over one block stay in cache.
+SITE_BLOCK_COLUMNS = 4096
 #: What a stack is for (see :func:`check_compatible`).
 PURPOSES = ("recycle", "recycle-outputs", "combine", "route")
 
@@ -129,10 +138,41 @@ class ModuleGroup:
         return mean + self.prior_mean.unsqueeze(-1), var
 
 
+class SiteBlock(NamedTuple):
+    """Up to :data:`SITE_BLOCK_COLUMNS` module inducing inputs of G modules of one M_k-group in
+    the stacked layout (position-major: point j of module g at j·G + g)."""
+
+    inputs: torch.Tensor  # Z_k side by side, [G M_k, D]
+    roots: torch.Tensor  # R_k, [M_k, M_k, G] (R_g[a, b] at [a, b, g])
+    sign: torch.Tensor | None  # s [G M_k]: P_k = R_k diag(s_k) R_kᵀ (None: every s is +1)
+    shift: torch.Tensor  # b [G M_k]
+
+
+class SiteTrace(NamedTuple):
+    """The G modules of one M_k-group for Σ_k tr(P_k K_kk) = Σ_k [Σ_i (P_k)_ii K_ii +
+    Σ_{i<j} ((P_k)_ij + (P_k)_ji) K_ij] with a symmetric K_kk: the diagonal of K_kk and its
+    entries above the diagonal only, each pair (i, j) as a 1 × 1 block."""
+
+    inducing: torch.Tensor  # Z_k, [G, M_k, D]
+    left: torch.Tensor  # z_ki of the pairs i < j, [G, P, 1, D]
+    right: torch.Tensor  # z_kj, [G, P, 1, D]
+    diagonal: torch.Tensor  # (P_k)_ii, [G, M_k]
+    off_diagonal: torch.Tensor  # (P_k)_ij + (P_k)_ji, [G, P]
+
+
+class StackedSites(NamedTuple):
+    """The sites of all (single-latent) modules of a stack in the stacked layout (module
+    docstring): constants of the meta-GP's bound, computed once per stack."""
+
+    blocks: tuple[SiteBlock, ...]
+    traces: tuple[SiteTrace, ...]  # per M_k-group
+    constant: torch.Tensor  # Σ_k (the constants of SiteParameters), []
+
+
 @dataclass(frozen=True, eq=False)
 class ModuleStack:
     """Modules (converted to one coordinate system, dtype and device, in the given order) and
-    their cached tensors grouped by kernel family and M_k.
+    their cached tensors grouped by kernel structure and M_k.
 
     ``standardisation`` is the common system (:func:`pyrogp_models.modules.units.
     common_standardisation`); for ``"recycle-outputs"`` every module keeps its own output units
@@ -217,6 +257,37 @@ class ModuleStack:
                 rows = slice(start, start + chunk)
                 mean[group.indices, :, rows], var[group.indices, :, rows] = group.latent(X[rows])
         return mean, var
+
+    @cached_property
+    def sites(self) -> StackedSites:
+        """The site parameters of every module (first latent function) in the stacked layout,
+        from :attr:`ModuleGroup.site_roots` and :attr:`ModuleGroup.sites`."""
+
+        def position_major(values: torch.Tensor) -> torch.Tensor:  # [G, M_k, ...] → [M_k·G, ...]
+            return values.transpose(0, 1).reshape(-1, *values.shape[2:])
+
+        blocks = []
+        for group in self.groups:
+            roots, signs = group.site_roots
+            step = max(1, SITE_BLOCK_COLUMNS // group.num_inducing)
+            for start in range(0, len(group.names), step):
+                part = slice(start, start + step)
+                sign = position_major(signs[part])
+                blocks.append(SiteBlock(position_major(group.inducing[part]),
+                                        roots[part].permute(1, 2, 0).contiguous(),
+                                        None if bool((sign == 1).all()) else sign,
+                                        position_major(group.sites.shift[part])))
+        traces = []
+        for group in self.groups:
+            precision = group.sites.precision
+            rows, columns = torch.triu_indices(group.num_inducing, group.num_inducing, 1,
+                                               device=precision.device)  # the pairs i < j
+            traces.append(SiteTrace(group.inducing, group.inducing[:, rows].unsqueeze(-2),
+                                    group.inducing[:, columns].unsqueeze(-2),
+                                    precision.diagonal(dim1=-2, dim2=-1),
+                                    precision[:, rows, columns] + precision[:, columns, rows]))
+        return StackedSites(tuple(blocks), tuple(traces),
+                            sum(group.sites.constant.sum() for group in self.groups))
 
     def indefinite_sites(self) -> list[str]:
         """Modules whose site precision P_k is indefinite: S_k is wider than the module's own

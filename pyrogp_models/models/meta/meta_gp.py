@@ -147,7 +147,7 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
             parameter.requires_grad_(learn_kernel)
         self.layer = SparseGPLayer(kernel, inducing.clone(), (), learn_inducing=learn_inducing,
                                    jitter=jitter, learn_q=not collapsed)
-        self._cache_sites()
+        self._groups = stack.groups if stack is not None else ()
         self.likelihood = likelihood
         if likelihood is not None:
             likelihood.validate_targets(raw_y)
@@ -163,18 +163,35 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         """Z_* [M, D]."""
         return self.layer.inducing
 
+    # Kernel evaluations -----------------------------------------------------------------------
+    def cross_covariance(self, X: torch.Tensor) -> torch.Tensor:
+        """k(Z_*, X) [M, N] under the global kernel for X [N, D]: every cross-covariance the
+        meta-GP forms itself (module inducing inputs, raw data) — for the RBF one thin product
+        and one exponential (:mod:`pyrogp_models.kernels.fused_rbf`)."""
+        return self.kernel.weighted_cross(self.inducing, X)
 
-    def _cache_sites(self) -> None:
-        """The modules' inducing inputs side by side [N, D] (N = Σ_k M_k, group by group) and
-        their site shifts b [N] and constants, which do not change while the meta-GP trains."""
-        self._groups = self.stack.groups if self.stack is not None else ()
-        groups = self._groups
-        if not groups:
-            return
-        dim = self.stack.input_dim
-        self._site_inputs = torch.cat([g.inducing.reshape(-1, dim) for g in groups])
-        self._site_shift = torch.cat([g.sites.shift.reshape(-1) for g in groups])
-        self._site_constant = sum(g.sites.constant.sum() for g in groups)
+    def module_covariance(self, inducing: torch.Tensor, other: torch.Tensor | None = None,
+                          diagonal: bool = False) -> torch.Tensor:
+        """k(Z_k, Z_k') [..., M_k, M_k'] under the global kernel for module inducing inputs
+        batched over modules (``other`` None: K_kk^{(*)} = k(Z_k, Z_k); ``diagonal``: its
+        diagonal [..., M_k]): every evaluation of the global kernel at the modules' inducing
+        inputs."""
+        if diagonal:
+            return self.kernel.diag(inducing)
+        return self.kernel(inducing, other)
+
+    def site_trace(self) -> torch.Tensor:
+        """Σ_k tr(P_k K_kk^{(*)}) from the diagonal and the entries above it of each K_kk^{(*)}
+        (:class:`pyrogp_models.modules.stack.SiteTrace`): a third of the kernel entries for
+        M_k = 3."""
+        total = 0.0
+        for trace in self.stack.sites.traces:
+            total = total + (self.module_covariance(trace.inducing, diagonal=True)
+                             * trace.diagonal).sum()
+            if trace.off_diagonal.shape[-1]:
+                pairs = self.module_covariance(trace.left, trace.right)[..., 0, 0]
+                total = total + (pairs * trace.off_diagonal).sum()
+        return total
 
     # Gaussian algebra -------------------------------------------------------------------------
     def prior_cholesky(self) -> torch.Tensor:
@@ -185,10 +202,10 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         """Per M_k-group: the group, B_k = L_**⁻¹K_*k [G, M, M_k] and K_kk^{(*)} [G, M_k, M_k]."""
         for group in self._groups:
             count, size = len(group.names), group.num_inducing
-            cross = self.kernel(self.inducing, group.inducing.reshape(count * size, -1))
+            cross = self.cross_covariance(group.inducing.reshape(count * size, -1))
             projection = conditionals.projection(prior_chol, cross)  # one solve for the group
             yield (group, projection.reshape(-1, count, size).transpose(0, 1),
-                   self.kernel(group.inducing))
+                   self.module_covariance(group.inducing))
 
     def module_quadratic(self, prior_chol: torch.Tensor | None = None) -> ContrastiveQuadratic:
         """(P_w, η_w, c) of the contrastive sum Σ_k E_{q_C}[log q_k − log p_k] =
@@ -199,15 +216,9 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         if not self._groups:
             return ContrastiveQuadratic(prior_chol.new_zeros(size, size),
                                         prior_chol.new_zeros(size), prior_chol.new_zeros(()))
-        # K_·* [N, M]; for the RBF one thin product and one exponential
-        # (pyrogp_models.kernels.fused_rbf)
-        cross = self.kernel.weighted_cross(self._site_inputs, self.inducing)
-        roots, signs = zip(*(group.site_roots for group in self._groups), strict=True)
-        site_trace = sum(  # Σ_k tr(P_k K_kk^{(*)}) = Σ_k Σ_j s_kj r_kjᵀ K_kk^{(*)} r_kj
-            ((root * (self.kernel(group.inducing) @ root)).sum(-2) * sign).sum()
-            for group, root, sign in zip(self._groups, roots, signs, strict=True))
-        return site_quadratic(cross, prior_chol, roots, signs, self._site_shift, site_trace,
-                              self._site_constant)
+        sites = self.stack.sites
+        blocks = ((self.cross_covariance(block.inputs), *block[1:]) for block in sites.blocks)
+        return site_quadratic(blocks, prior_chol, self.site_trace(), sites.constant)
 
     def contrastive_predictives(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """q_C(u_k) = N(m_C, S_C) per M_k-group (eq. 17, whitened): means [G, M_k] and
@@ -269,7 +280,7 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
                                           device=precision.device)
         if self.likelihood is not None and self.likelihood.name == "gaussian":
             noise = self.likelihood.variance
-            A = conditionals.projection(prior_chol, self.kernel(self.inducing, self.raw_X))
+            A = conditionals.projection(prior_chol, self.cross_covariance(self.raw_X))
             precision = precision + A @ A.mT / noise
             shift = shift + A @ self.raw_y / noise
             residual = self.raw_y.square() + self.kernel.diag(self.raw_X) - A.square().sum(-2)
