@@ -1,7 +1,13 @@
 """Training Pyro models by stochastic variational inference: the library's one trainer.
 
 The loss is Pyro's ``TraceMeanField_ELBO`` (analytic KL terms) of a PyroModule's ``model`` and
-``guide``, both called with no arguments (every model binds its data) unless ``args`` are given.
+``guide``, both called with no arguments (every model binds its data) unless ``args`` are given,
+evaluated without Pyro's host reads
+(:class:`~pyrogp_models.inference.mean_field_elbo.DeviceMeanFieldELBO`; Pyro's argument
+validation, which checks every distribution on the host, is off inside the loop). The loop runs
+in a scope of Pyro's parameter store (``ParamStoreDict.scope``), so a fit leaves nothing in the
+global store — the parameters live in the model — unless ``TrainConfig.global_param_store`` asks
+for it.
 Optimisers: Adam, or full-batch L-BFGS — for a model of independent members (the local GPs
 of K partitions: ``member_objectives()``) one memory and one step length per member
 (:mod:`pyrogp_models.inference.batched_lbfgs`), otherwise torch's L-BFGS with a strong-Wolfe line
@@ -41,14 +47,15 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import pyro
 import torch
-from pyro.infer import TraceMeanField_ELBO
 from pyrogp_models.inference.batched_lbfgs import BatchedLBFGS
+from pyrogp_models.inference.mean_field_elbo import DeviceMeanFieldELBO
 from pyrogp_models.inference.natural_gradient import NaturalGradient
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
@@ -68,7 +75,8 @@ class TrainConfig:
     ``steps`` is the maximum number of optimiser steps; ``tol``/``window`` the convergence test
     (None: run all steps); ``natural_gradient_lr`` the step size γ of a natural-gradient step on
     every q(u) before each optimiser step (None: q(u) is optimised with the other parameters);
-    ``time_budget`` a limit in seconds.
+    ``time_budget`` a limit in seconds; ``global_param_store`` trains in Pyro's global parameter
+    store (and leaves the parameters there) instead of in the model only.
     """
 
     optimizer: str = "adam"
@@ -83,6 +91,7 @@ class TrainConfig:
     resume: bool = False
     natural_gradient_lr: float | None = None
     time_budget: float | None = None
+    global_param_store: bool = False
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
@@ -185,8 +194,9 @@ class _MemberConvergence:
 def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
           hooks: Sequence[PreStepHook] = (), **kwargs) -> TrainResult:
     """Maximise the ELBO of ``module.model`` / ``module.guide`` (called with ``args, kwargs``):
-    minimise Pyro's ``TraceMeanField_ELBO`` loss by ``config``'s optimiser, with ``hooks`` (and a
-    natural-gradient hook when ``config.natural_gradient_lr`` is set) before every step."""
+    minimise Pyro's ``TraceMeanField_ELBO`` loss (on the device) by ``config``'s optimiser, with
+    ``hooks`` (and a natural-gradient hook when ``config.natural_gradient_lr`` is set) before
+    every step."""
     config = config or TrainConfig()
     hooks = list(hooks)
     if config.natural_gradient_lr is not None:
@@ -197,7 +207,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     if isinstance(optimizer, BatchedLBFGS) and hooks:
         raise ValueError("pre-step hooks (natural-gradient steps) go with Adam, not with the "
                          "batched L-BFGS of independent members")
-    elbo = TraceMeanField_ELBO()
+    elbo = DeviceMeanFieldELBO()
     result = TrainResult()
     start = 0
     if config.resume and config.checkpoint and Path(config.checkpoint).exists():
@@ -226,7 +236,8 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     noisy = bool(getattr(module, "noisy_objective", False))
     step, began = start, time.perf_counter()
     try:
-        with deferred_checks():
+        with (deferred_checks(), pyro.validation_enabled(False),
+              nullcontext() if config.global_param_store else pyro.get_param_store().scope()):
             while step < config.steps:
                 try:
                     for hook in hooks:

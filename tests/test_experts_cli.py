@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 from pyrogp_models.inference.cli import main
-from pyrogp_models.inference.experts_fit import ExpertsSpec, fit_exact_experts
-from pyrogp_models.inference.trainer import TrainConfig
+from pyrogp_models.inference.experts_fit import DEFAULT_TRAIN_CONFIG, ExpertsSpec, fit_exact_experts
 
 from helpers import constant_scores, exact_gp_scores, write_csv
 from pyrogp_models.data import load_table
@@ -135,7 +134,7 @@ def test_combine_grbcm_is_eq5_on_the_experts_predictions(folder, data, capsys):
     rows, partition = grbcm_rows(partition_kmeans(X, 3, seed=0), 40, seed=0)
     fit = fit_exact_experts((X[rows], y[rows], partition),
                             ExpertsSpec(info={"features": ["x1", "x2"], "target": "y"}),
-                            TrainConfig(optimizer="lbfgs", lr=1.0, steps=3, window=1))
+                            DEFAULT_TRAIN_CONFIG)
     modules = dict(fit.modules)
     first = next(iter(modules))
     modules[first] = replace(modules[first], info={**modules[first].info, "role": "communication"})
