@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from pyrogp_models.inference.fit_result import Fit
 from pyrogp_models.inference.local_fit import LocalFitSpec, PartitionedData, model_inputs
-from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
+from pyrogp_models.inference.trainer import TrainConfig, TrainResult, parameter_scope, train
 
 from pyrogp_models.models.experts.exact import ExactExperts
 from pyrogp_models.models.experts.predictor import ExpertCombination
@@ -66,12 +66,14 @@ def fit_exact_experts(data: PartitionedData | tuple, spec: ExpertsSpec | None = 
     # Validated and standardised as for local Gaussian fits (targets standardised too).
     X_model, y_model, standardisation = model_inputs(
         X, y, LocalFitSpec(dtype=spec.dtype, device=spec.device))
-    model = ExactExperts(X_model, y_model, partition, spec.kernel, spec.ard, spec.lengthscale,
-                         spec.variance, spec.noise)
     config = config or DEFAULT_TRAIN_CONFIG
-    result = train(model, config=config) if config.steps > 0 else TrainResult(converged=True)
-    modules = model.to_modules(standardisation, spec.names,
-                               info={"partition_rule": partition.rule.get("kind"),
-                                     **(spec.info or {})})
+    with parameter_scope(config):  # nothing is left in Pyro's global parameter store
+        model = ExactExperts(X_model, y_model, partition, spec.kernel, spec.ard,
+                             spec.lengthscale, spec.variance, spec.noise)
+        result = (train(model, config=config) if config.steps > 0
+                  else TrainResult(converged=True))
+        modules = model.to_modules(standardisation, spec.names,
+                                   info={"partition_rule": partition.rule.get("kind"),
+                                         **(spec.info or {})})
     predictor = ExpertCombination(modules, spec.rule, spec.weights, spec.temperature)
     return ExactFit(model, result, predictor, standardisation, modules)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
+from pyrogp_models.inference.trainer import TrainConfig, TrainResult, parameter_scope, train
 
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.partitioners import Partition
@@ -115,16 +115,17 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
     spec = spec or LocalFitSpec()
     config = config or default_config(spec)
     X_model, y_model, standardisation = model_inputs(X, y, spec, spec.standardisation)
-    model = LocalGPs(X_model, y_model, partition, spec.num_inducing, spec.likelihood,
-                     spec.likelihood_options, spec.kernel, spec.ard, spec.inducing_init,
-                     spec.learn_inducing, collapsed_bound(spec), spec.batch_size,
-                     noise=spec.noise, generator=seeded_generator(config, spec),
-                     inducing=spec.inducing)
-    result = train(model, config=config)
-    converged = model.partition_values(result.member_converged or [])
-    modules = model.to_modules(standardisation, spec.names,
-                               info={"partition_rule": partition.rule.get("kind"),
-                                     **(spec.info or {})})
+    with parameter_scope(config):  # nothing is left in Pyro's global parameter store
+        model = LocalGPs(X_model, y_model, partition, spec.num_inducing, spec.likelihood,
+                         spec.likelihood_options, spec.kernel, spec.ard, spec.inducing_init,
+                         spec.learn_inducing, collapsed_bound(spec), spec.batch_size,
+                         noise=spec.noise, generator=seeded_generator(config, spec),
+                         inducing=spec.inducing, standardisation=standardisation)
+        result = train(model, config=config)
+        converged = model.partition_values(result.member_converged or [])
+        modules = model.to_modules(standardisation, spec.names,
+                                   info={"partition_rule": partition.rule.get("kind"),
+                                         **(spec.info or {})})
     for k, module in enumerate(modules.values()):
         module.info["converged"] = bool(converged[k]) if converged else result.converged
     return model, result, modules, standardisation

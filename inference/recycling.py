@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
+from pyrogp_models.inference.trainer import TrainConfig, TrainResult, parameter_scope, train
 
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.inducing import grid_inducing
@@ -118,34 +118,35 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
     spec = spec or RecycleSpec()
     num_inducing, collapsed = spec.num_inducing, uses_collapsed_bound(spec, raw_data)
     config = config or (COLLAPSED_CONFIG if collapsed else UNCOLLAPSED_CONFIG)
-    stack = (ModuleStack.from_modules(modules, dtype=spec.dtype, device=spec.device)
-             if modules else None)
-    repairs: dict[str, int] = {}
-    if stack is not None and spec.repair_sites:
-        stack, repairs = clip_site_precisions(stack)
-    likelihood, raw_X, raw_y, standardisation = _raw_data_terms(stack, raw_data, spec)
-    if raw_data is None:  # the likelihood to export is chosen (or refused) before training
-        choose_likelihood(stack, None, spec.likelihood, None, spec.likelihood_params)
-    points = torch.cat([*(g.inducing.reshape(-1, g.inducing.shape[-1]) for g in
-                          (stack.groups if stack is not None else ())),
-                        *([raw_X] if raw_X is not None else [])])
-    inducing = initial_inducing(points, num_inducing, spec.inducing_init, config.seed)
-    family = spec.kernel or (stack.most_common_kernel() if stack is not None else "rbf")
-    ard = spec.ard if spec.ard is not None else (
-        stack is not None and any(m.ard for m in stack.modules.values()))
-    lengthscale, variance = initial_hyperparameters(stack, inducing.shape[-1], ard)
-    kernel = Stationary(family, inducing.shape[-1], (), ard, lengthscale, variance,
-                        spec.dtype, spec.device)
-    meta = MetaGP(stack, inducing, kernel, likelihood=likelihood, raw_X=raw_X, raw_y=raw_y,
-                  collapsed=collapsed, learn_inducing=spec.learn_inducing,
-                  learn_kernel=spec.learn_kernel, jitter=spec.jitter,
-                  on_unbounded=spec.on_unbounded, check_every=config.window,
-                  standardisation=standardisation)
-    if meta.check_bounded() > 0:
-        meta.set_optimal_posterior()
-    result = _train_if_trainable(meta, config)
-    meta.check_bounded()
-    module = meta.to_module(spec.likelihood, None, spec.likelihood_params, spec.name)
+    with parameter_scope(config):  # nothing is left in Pyro's global parameter store
+        stack = (ModuleStack.from_modules(modules, dtype=spec.dtype, device=spec.device)
+                 if modules else None)
+        repairs: dict[str, int] = {}
+        if stack is not None and spec.repair_sites:
+            stack, repairs = clip_site_precisions(stack)
+        likelihood, raw_X, raw_y, standardisation = _raw_data_terms(stack, raw_data, spec)
+        if raw_data is None:  # the likelihood to export is chosen (or refused) before training
+            choose_likelihood(stack, None, spec.likelihood, None, spec.likelihood_params)
+        points = torch.cat([*(g.inducing.reshape(-1, g.inducing.shape[-1]) for g in
+                              (stack.groups if stack is not None else ())),
+                            *([raw_X] if raw_X is not None else [])])
+        inducing = initial_inducing(points, num_inducing, spec.inducing_init, config.seed)
+        family = spec.kernel or (stack.most_common_kernel() if stack is not None else "rbf")
+        ard = spec.ard if spec.ard is not None else (
+            stack is not None and any(m.ard for m in stack.modules.values()))
+        lengthscale, variance = initial_hyperparameters(stack, inducing.shape[-1], ard)
+        kernel = Stationary(family, inducing.shape[-1], (), ard, lengthscale, variance,
+                            spec.dtype, spec.device)
+        meta = MetaGP(stack, inducing, kernel, likelihood=likelihood, raw_X=raw_X, raw_y=raw_y,
+                      collapsed=collapsed, learn_inducing=spec.learn_inducing,
+                      learn_kernel=spec.learn_kernel, jitter=spec.jitter,
+                      on_unbounded=spec.on_unbounded, check_every=config.window,
+                      standardisation=standardisation)
+        if meta.check_bounded() > 0:
+            meta.set_optimal_posterior()
+        result = _train_if_trainable(meta, config)
+        meta.check_bounded()
+        module = meta.to_module(spec.likelihood, None, spec.likelihood_params, spec.name)
     provenance = {"num_inducing": num_inducing, "collapsed": collapsed,
                   "site_repairs": repairs, "train_steps": result.steps,
                   "converged": result.converged,
@@ -264,21 +265,22 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
     """
     spec = spec or RecycleSpec()
     config = config or UNCOLLAPSED_CONFIG
-    stack = ModuleStack.from_modules(modules, "recycle-outputs", dtype=spec.dtype,
-                                     device=spec.device)
-    if spec.repair_sites:
-        stack, _ = clip_site_precisions(stack)
-    points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
-    inducing = initial_inducing(points, spec.num_inducing, spec.inducing_init, config.seed)
-    ard = spec.ard if spec.ard is not None else any(m.ard for m in stack.modules.values())
-    lengthscale, _ = initial_hyperparameters(stack, inducing.shape[-1], ard)
-    meta = MultiOutputMetaGP(stack, inducing.expand(num_latent, -1, -1), spec.kernel or
-                             stack.most_common_kernel(), lengthscale.expand(num_latent, -1),
-                             initial_mixing(stack, inducing, num_latent, config.seed),
-                             learn_inducing=spec.learn_inducing, jitter=spec.jitter,
-                             on_unbounded=spec.on_unbounded, check_every=config.window)
-    if meta.check_bounded() > 0:
-        meta.set_optimal_posterior()
-    result = _train_if_trainable(meta, config)
-    meta.check_bounded()
+    with parameter_scope(config):  # nothing is left in Pyro's global parameter store
+        stack = ModuleStack.from_modules(modules, "recycle-outputs", dtype=spec.dtype,
+                                         device=spec.device)
+        if spec.repair_sites:
+            stack, _ = clip_site_precisions(stack)
+        points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
+        inducing = initial_inducing(points, spec.num_inducing, spec.inducing_init, config.seed)
+        ard = spec.ard if spec.ard is not None else any(m.ard for m in stack.modules.values())
+        lengthscale, _ = initial_hyperparameters(stack, inducing.shape[-1], ard)
+        meta = MultiOutputMetaGP(stack, inducing.expand(num_latent, -1, -1), spec.kernel or
+                                 stack.most_common_kernel(), lengthscale.expand(num_latent, -1),
+                                 initial_mixing(stack, inducing, num_latent, config.seed),
+                                 learn_inducing=spec.learn_inducing, jitter=spec.jitter,
+                                 on_unbounded=spec.on_unbounded, check_every=config.window)
+        if meta.check_bounded() > 0:
+            meta.set_optimal_posterior()
+        result = _train_if_trainable(meta, config)
+        meta.check_bounded()
     return RecycledMultiOutput(meta, result)

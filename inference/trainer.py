@@ -191,6 +191,13 @@ class _MemberConvergence:
         return converged
 
 
+def parameter_scope(config: TrainConfig):
+    """A scope of Pyro's parameter store (``ParamStoreDict.scope``) for a fit — building,
+    training, export — so that it leaves nothing in the global store (any PyroModule called
+    puts its parameters there); a null context when ``config.global_param_store``."""
+    return nullcontext() if config.global_param_store else pyro.get_param_store().scope()
+
+
 def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
           hooks: Sequence[PreStepHook] = (), **kwargs) -> TrainResult:
     """Maximise the ELBO of ``module.model`` / ``module.guide`` (called with ``args, kwargs``):
@@ -237,7 +244,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     step, began = start, time.perf_counter()
     try:
         with (deferred_checks(), pyro.validation_enabled(False),
-              nullcontext() if config.global_param_store else pyro.get_param_store().scope()):
+              parameter_scope(config)):
             while step < config.steps:
                 try:
                     for hook in hooks:
