@@ -16,6 +16,7 @@ from pyrogp_models.inference.fit_result import Fit
 from pyrogp_models.inference.local_fit import LocalFitSpec, PartitionedData, model_inputs
 from pyrogp_models.inference.trainer import TrainConfig, TrainResult, parameter_scope, train
 
+from pyrogp_models.data.identifiability import require_identifiable
 from pyrogp_models.models.experts.exact import ExactExperts
 from pyrogp_models.models.experts.predictor import ExpertCombination
 from pyrogp_models.modules.record import Module
@@ -66,6 +67,7 @@ def fit_exact_experts(data: PartitionedData | tuple, spec: ExpertsSpec | None = 
     # Validated and standardised as for local Gaussian fits (targets standardised too).
     X_model, y_model, standardisation = model_inputs(
         X, y, LocalFitSpec(dtype=spec.dtype, device=spec.device))
+    require_identifiable(X, y)  # the experts share their hyperparameters: all rows identify them
     config = config or DEFAULT_TRAIN_CONFIG
     with parameter_scope(config):  # nothing is left in Pyro's global parameter store
         model = ExactExperts(X_model, y_model, partition, spec.kernel, spec.ard,

@@ -20,6 +20,7 @@ from pyrogp_models.inference.fit_result import Fit
 from pyrogp_models.inference.trainer import TrainConfig, TrainResult, parameter_scope, train
 
 from pyrogp_models.data import Standardisation, require_finite
+from pyrogp_models.data.identifiability import require_identifiable
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.models.experts.predictor import ExpertCombination
@@ -98,7 +99,10 @@ def fit_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
 
     Inputs are standardised with one set of statistics shared by every partition (so modules
     from one fit live in the same space and can be recycled together); Gaussian-type targets are
-    standardised too.
+    standardised too. A partition from which its GP cannot identify its hyperparameters (fewer
+    than three distinct inputs; constant Gaussian targets) is refused with a
+    :class:`~pyrogp_models.errors.DataError`
+    (:func:`~pyrogp_models.data.identifiability.require_identifiable`).
     """
     model, result, modules, standardisation = train_local(data, spec, config)
     partition = data[2]
@@ -115,6 +119,8 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
     spec = spec or LocalFitSpec()
     config = config or default_config(spec)
     X_model, y_model, standardisation = model_inputs(X, y, spec, spec.standardisation)
+    require_identifiable(X, y, partition,
+                         constant_targets=LIKELIHOODS[spec.likelihood].standardise_targets)
     with parameter_scope(config):  # nothing is left in Pyro's global parameter store
         model = LocalGPs(X_model, y_model, partition, spec.num_inducing, spec.likelihood,
                          spec.likelihood_options, spec.kernel, spec.ard, spec.inducing_init,

@@ -258,7 +258,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                     else:
                         loss = optimizer.step(closure)
                 except ValueError:
-                    _raise_if_not_finite(loss_fn, step + 1)
+                    _raise_if_not_finite(loss_fn, step + 1, config)
                     raise
                 if step == len(losses):
                     losses = torch.cat([losses, torch.full_like(losses, math.nan)])
@@ -268,7 +268,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                 out_of_time = (config.time_budget is not None
                                and time.perf_counter() - began >= config.time_budget)
                 if step % config.window == 0 or step == config.steps or out_of_time:
-                    _check_finite(losses, step, loss_fn)
+                    _check_finite(losses, step, loss_fn, config)
                     bar.set_postfix(loss=f"{losses[step - 1].item():.4g}")
                     change = (members.change() if members is not None
                               else _relative_change(losses, step, config.window, noisy))
@@ -316,7 +316,8 @@ def _warn_not_converged(result: TrainResult, config: TrainConfig) -> None:
         result.steps, result.change, config.tol, unconverged), stacklevel=2)
 
 
-def _check_finite(losses: torch.Tensor, step: int, loss_fn: Callable[[], torch.Tensor]) -> None:
+def _check_finite(losses: torch.Tensor, step: int, loss_fn: Callable[[], torch.Tensor],
+                  config: TrainConfig) -> None:
     """Raise if a loss of the last window is not finite, naming a failed factorisation when an
     evaluation with checks finds one."""
     if bool(torch.isfinite(losses[:step]).all()):
@@ -326,24 +327,32 @@ def _check_finite(losses: torch.Tensor, step: int, loss_fn: Callable[[], torch.T
         try:
             loss_fn()
         except CholeskyError as error:
-            raise CholeskyError(f"{error} (at step {first} of the fit; try a smaller learning "
-                                "rate)") from None
-    raise _non_finite(losses[first - 1].item(), first)
+            raise CholeskyError(f"{error} (at step {first} of the fit; "
+                                f"{_remedy(config)})") from None
+    raise _non_finite(losses[first - 1].item(), first, config)
 
 
-def _raise_if_not_finite(loss_fn: Callable[[], torch.Tensor], step: int) -> None:
+def _raise_if_not_finite(loss_fn: Callable[[], torch.Tensor], step: int,
+                         config: TrainConfig) -> None:
     """Name the step when Pyro's validation refused a non-finite value (a NaN factor or
     distribution parameter): raise if the loss, evaluated without validation, is not finite."""
     with torch.no_grad(), pyro.validation_enabled(False), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Pyro's "Encountered NaN": the error below says it
         loss = loss_fn()
     if not bool(torch.isfinite(loss)):
-        raise _non_finite(loss.item(), step) from None
+        raise _non_finite(loss.item(), step, config) from None
 
 
-def _non_finite(loss: float, step: int) -> FloatingPointError:
-    return FloatingPointError(f"the loss became {loss} at step {step}; try a smaller learning "
-                              "rate")
+def _non_finite(loss: float, step: int, config: TrainConfig) -> FloatingPointError:
+    return FloatingPointError(f"the loss became {loss} at step {step}; {_remedy(config)}")
+
+
+def _remedy(config: TrainConfig) -> str:
+    """What to try after a non-finite loss: Adam's learning rate, or — L-BFGS rejects non-finite
+    trial points, so its start or its data are at fault — the data."""
+    if config.optimizer == "adam":
+        return "try a smaller learning rate"
+    return "check the data for constant targets, duplicate inputs or too few rows"
 
 
 # Checkpoints --------------------------------------------------------------------------------
