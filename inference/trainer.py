@@ -25,8 +25,8 @@ costs thousands of nats).
 No value is read back to the host inside a step: losses stay on the device and factorisations
 run under :func:`~pyrogp_models.gaussian.linalg.deferred_checks` (a failed Cholesky factor turns
 the loss NaN). The loss history is read once per convergence window of ``window`` steps, where a
-non-finite loss stops the fit with one line naming the cause. (L-BFGS's line search compares
-losses on the host by design.)
+non-finite loss stops the fit with one line naming the cause. (Torch's L-BFGS, used for a model
+without ``member_objectives()``, compares losses on the host in its line search.)
 
 Convergence: stop when the mean loss of the last ``window`` steps differs from that of the window
 before by less than ``tol`` relative. Independent members under the batched L-BFGS are judged
