@@ -68,6 +68,7 @@ class Case:
     fit: Callable[[torch.dtype, Callable[[TrainConfig], TrainConfig]], Fitted]
     predict_sites: Callable[[PyroModule, torch.Tensor], object]
     xfail: str | None = None
+    monte_carlo: bool = False  # its objective and predictive draw from torch's generator
 
 
 def _config(default: TrainConfig, adjust) -> TrainConfig:
@@ -164,7 +165,7 @@ def multitask_case(kind: str) -> Case:
         tasks = torch.zeros(len(X), dtype=torch.long, device=X.device)
         return _predictive_trace(model, X, tasks)
 
-    return Case(fit, predict_sites)
+    return Case(fit, predict_sites, monte_carlo=kind not in ("igp", "cgp"))
 
 
 def _predictive_trace(model, X, *args):
