@@ -51,7 +51,8 @@ class LocalGPs(PyroModule):
         inducing_init: ``"kmeans"`` or ``"grid"``.
         learn_inducing: optimise Z.
         collapsed: train Gaussian partitions on the collapsed (Titsias) bound.
-        batch_size: points per partition per evaluation (minibatches; uncollapsed only).
+        batch_size: minibatches of B positions of the padded partitions per evaluation, shared
+            by all partitions (uncollapsed only; :meth:`BatchedSVGP.model`).
         jitter: relative jitter on K_zz.
         noise: initial Gaussian noise variance (standardised units); default: from each
             partition's data (:mod:`~pyrogp_models.models.local.initialisation`, like the other
