@@ -21,9 +21,10 @@ from pyrogp_models.inference.local_fit import (
 )
 from pyrogp_models.inference.restarts import restart_scales
 from pyrogp_models.inference.train_config import DEFAULT_RESTARTS, EXPERTS_CONFIG, TrainConfig
-from pyrogp_models.inference.trainer import TrainResult, train
+from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 
 from pyrogp_models.data.columns import Columns
+from pyrogp_models.data.identifiability import require_identifiable
 from pyrogp_models.errors import NotConvergedWarning
 from pyrogp_models.kernels import resolve_kernel
 from pyrogp_models.models.experts.exact import ExactExperts
@@ -83,25 +84,29 @@ def fit_exact_experts(data: PartitionedData | tuple, spec: ExpertsSpec | None = 
         X, y, LocalFitSpec(dtype=spec.dtype, device=spec.device))
     kernel = kernel_in_model_units(resolve_kernel(spec.kernel, X_model.shape[-1], spec.ard),
                                    standardisation)
+    require_identifiable(X, y)  # the experts share their hyperparameters: all rows identify them
     config = config or DEFAULT_TRAIN_CONFIG
-    best = None
-    starts = DEFAULT_RESTARTS if spec.restarts is None else spec.restarts
-    for lengthscale, noise in restart_scales(starts if config.steps > 0 else 1).tolist():
-        model = ExactExperts(X_model, y_model, partition, kernel, spec.ard,
-                             spec.lengthscale * lengthscale, spec.variance, spec.noise * noise)
-        with warnings.catch_warnings(record=True) as caught:  # the kept start's are reissued
-            warnings.simplefilter("always", NotConvergedWarning)
-            result = (train(model, config=config) if config.steps > 0
-                      else TrainResult(converged=True))
-        value = float(model.log_marginal().sum())
-        if best is None or value > best[0]:
-            best = (value, model, result, caught)
-    _, model, result, caught = best
-    for warning in caught:
-        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    modules = model.to_modules(standardisation, spec.names,
-                               info={"partition_rule": partition.rule.get("kind"),
-                                     **(spec.info or {})})
+    with parameter_scope(config):  # nothing is left in Pyro's global parameter store
+        best = None
+        starts = DEFAULT_RESTARTS if spec.restarts is None else spec.restarts
+        for lengthscale, noise in restart_scales(starts if config.steps > 0 else 1).tolist():
+            model = ExactExperts(X_model, y_model, partition, kernel, spec.ard,
+                                 spec.lengthscale * lengthscale, spec.variance,
+                                 spec.noise * noise)
+            with warnings.catch_warnings(record=True) as caught:  # the kept start's are reissued
+                warnings.simplefilter("always", NotConvergedWarning)
+                result = (train(model, config=config) if config.steps > 0
+                          else TrainResult(converged=True))
+            value = float(model.log_marginal().sum())
+            if best is None or value > best[0]:
+                best = (value, model, result, caught)
+        _, model, result, caught = best
+        for warning in caught:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)
+        modules = model.to_modules(standardisation, spec.names,
+                                   info={"partition_rule": partition.rule.get("kind"),
+                                         **(spec.info or {})})
     modules = {name: replace(module, columns=spec.columns) for name, module in modules.items()}
     predictor = ExpertCombination(modules, spec.rule, spec.weights, spec.temperature)
     return ExactFit(model, result, predictor, standardisation, modules)

@@ -26,10 +26,11 @@ from pyrogp_models.inference.train_config import (
     UNCOLLAPSED_CONFIG,
     TrainConfig,
 )
-from pyrogp_models.inference.trainer import TrainResult, train
+from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.columns import Columns
+from pyrogp_models.data.identifiability import require_identifiable
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.kernels import resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS
@@ -121,7 +122,10 @@ def fit_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
 
     Inputs are standardised with one set of statistics shared by every partition (so modules
     from one fit live in the same space and can be recycled together); Gaussian-type targets are
-    standardised too.
+    standardised too. A partition from which its GP cannot identify its hyperparameters (fewer
+    than three distinct inputs; constant Gaussian targets) is refused with a
+    :class:`~pyrogp_models.errors.DataError`
+    (:func:`~pyrogp_models.data.identifiability.require_identifiable`).
     """
     model, result, modules, standardisation = train_local(data, spec, config)
     partition = data[2]
@@ -138,6 +142,8 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
     spec = spec or LocalFitSpec()
     config = config or default_config(spec)
     X_model, y_model, standardisation = model_inputs(X, y, spec, spec.standardisation)
+    require_identifiable(X, y, partition,
+                         constant_targets=LIKELIHOODS[spec.likelihood].standardise_targets)
     kernel = kernel_in_model_units(resolve_kernel(spec.kernel, X_model.shape[-1], spec.ard),
                                    standardisation,
                                    LIKELIHOODS[spec.likelihood].standardise_targets)
@@ -147,21 +153,23 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
         return LocalGPs(X, y, partition, num_inducing, spec.likelihood,
                         spec.likelihood_options, kernel, spec.ard, spec.inducing_init,
                         spec.learn_inducing, collapsed_bound(spec), spec.batch_size,
-                        noise=spec.noise, inducing=inducing, start_scales=start_scales)
+                        noise=spec.noise, inducing=inducing, start_scales=start_scales,
+                        standardisation=standardisation)
 
     inducing = spec.inducing or initial_inducing(X_model, y_model, partition, spec.num_inducing,
                                                  spec.inducing_init,
                                                  seeded_generator(config, spec))
-    model = build(X_model, y_model, partition, inducing)
-    if number_of_restarts(spec) > 1:
-        _, state = restarts.screen(build, X_model, y_model, partition, inducing,
-                                   number_of_restarts(spec), replace(config, pin=False))
-        model.load_state_dict(state, strict=False)
-    result = train(model, config=config)
-    converged = model.partition_values(result.member_converged or [])
-    modules = model.to_modules(standardisation, spec.names,
-                               info={"partition_rule": partition.rule.get("kind"),
-                                     **(spec.info or {})})
+    with parameter_scope(config):  # nothing is left in Pyro's global parameter store
+        model = build(X_model, y_model, partition, inducing)
+        if number_of_restarts(spec) > 1:
+            _, state = restarts.screen(build, X_model, y_model, partition, inducing,
+                                       number_of_restarts(spec), replace(config, pin=False))
+            model.load_state_dict(state, strict=False)
+        result = train(model, config=config)
+        converged = model.partition_values(result.member_converged or [])
+        modules = model.to_modules(standardisation, spec.names,
+                                   info={"partition_rule": partition.rule.get("kind"),
+                                         **(spec.info or {})})
     for k, module in enumerate(modules.values()):
         module.info["converged"] = bool(converged[k]) if converged else result.converged
     modules = {name: replace(module, columns=spec.columns) for name, module in modules.items()}

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from pyrogp_models.inference.fit_result import Fit
 from pyrogp_models.inference.train_config import COLLAPSED_CONFIG, UNCOLLAPSED_CONFIG, TrainConfig
-from pyrogp_models.inference.trainer import TrainResult, train
+from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.columns import Columns
@@ -129,30 +129,31 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
     spec = spec or RecycleSpec()
     num_inducing, collapsed = spec.num_inducing, uses_collapsed_bound(spec, raw_data, modules)
     config = config or (COLLAPSED_CONFIG if collapsed else UNCOLLAPSED_CONFIG)
-    stack = (ModuleStack.from_modules(modules, dtype=spec.dtype, device=spec.device)
-             if modules else None)
-    repairs: dict[str, int] = {}
-    if stack is not None and spec.repair_sites:
-        stack, repairs = clip_site_precisions(stack)
-    likelihood, raw_X, raw_y, standardisation = _raw_data_terms(stack, raw_data, spec)
-    if raw_data is None:  # the likelihood to export is chosen (or refused) before training
-        choose_likelihood(stack, None, spec.likelihood, None, spec.likelihood_params)
-    points = torch.cat([*(g.inducing.reshape(-1, g.inducing.shape[-1]) for g in
-                          (stack.groups if stack is not None else ())),
-                        *([raw_X] if raw_X is not None else [])])
-    inducing = initial_inducing(points, num_inducing, spec.inducing_init, config.seed)
-    kernel = initial_global_kernel(stack, spec, inducing.shape[-1], standardisation,
-                                   likelihood is None or likelihood.standardise_targets)
-    meta = MetaGP(stack, inducing, kernel, likelihood=likelihood, raw_X=raw_X, raw_y=raw_y,
-                  collapsed=collapsed, learn_inducing=spec.learn_inducing,
-                  learn_kernel=spec.learn_kernel, jitter=spec.jitter,
-                  on_unbounded=spec.on_unbounded, check_every=config.window,
-                  standardisation=standardisation)
-    if meta.check_bounded() > 0:
-        meta.set_optimal_posterior()
-    result = _train_if_trainable(meta, config)
-    meta.check_bounded()
-    module = meta.to_module(spec.likelihood, None, spec.likelihood_params, spec.name)
+    with parameter_scope(config):  # nothing is left in Pyro's global parameter store
+        stack = (ModuleStack.from_modules(modules, dtype=spec.dtype, device=spec.device)
+                 if modules else None)
+        repairs: dict[str, int] = {}
+        if stack is not None and spec.repair_sites:
+            stack, repairs = clip_site_precisions(stack)
+        likelihood, raw_X, raw_y, standardisation = _raw_data_terms(stack, raw_data, spec)
+        if raw_data is None:  # the likelihood to export is chosen (or refused) before training
+            choose_likelihood(stack, None, spec.likelihood, None, spec.likelihood_params)
+        points = torch.cat([*(g.inducing.reshape(-1, g.inducing.shape[-1]) for g in
+                              (stack.groups if stack is not None else ())),
+                            *([raw_X] if raw_X is not None else [])])
+        inducing = initial_inducing(points, num_inducing, spec.inducing_init, config.seed)
+        kernel = initial_global_kernel(stack, spec, inducing.shape[-1], standardisation,
+                                       likelihood is None or likelihood.standardise_targets)
+        meta = MetaGP(stack, inducing, kernel, likelihood=likelihood, raw_X=raw_X, raw_y=raw_y,
+                      collapsed=collapsed, learn_inducing=spec.learn_inducing,
+                      learn_kernel=spec.learn_kernel, jitter=spec.jitter,
+                      on_unbounded=spec.on_unbounded, check_every=config.window,
+                      standardisation=standardisation)
+        if meta.check_bounded() > 0:
+            meta.set_optimal_posterior()
+        result = _train_if_trainable(meta, config)
+        meta.check_bounded()
+        module = meta.to_module(spec.likelihood, None, spec.likelihood_params, spec.name)
     provenance = {"num_inducing": num_inducing, "collapsed": collapsed,
                   "site_repairs": repairs, "train_steps": result.steps,
                   "converged": result.converged,
@@ -299,23 +300,26 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
     """
     spec = spec or RecycleSpec()
     config = config or UNCOLLAPSED_CONFIG
-    stack = ModuleStack.from_modules(modules, "recycle-outputs", dtype=spec.dtype,
-                                     device=spec.device)
-    if spec.repair_sites:
-        stack, _ = clip_site_precisions(stack)
-    points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
-    inducing = initial_inducing(points, spec.num_inducing, spec.inducing_init, config.seed)
-    kernel = initial_global_kernel(stack, spec, inducing.shape[-1], stack.standardisation, True)
-    if not isinstance(kernel, Stationary):
-        raise ValueError("the multi-output meta-GP's latent functions take one stationary "
-                         f"kernel (rbf, matern12, matern32, matern52), not {kernel_text(kernel)}")
-    meta = MultiOutputMetaGP(stack, inducing.expand(num_latent, -1, -1), kernel.family,
-                             kernel.lengthscale.detach().expand(num_latent, -1),
-                             initial_mixing(stack, inducing, num_latent, config.seed),
-                             learn_inducing=spec.learn_inducing, jitter=spec.jitter,
-                             on_unbounded=spec.on_unbounded, check_every=config.window)
-    if meta.check_bounded() > 0:
-        meta.set_optimal_posterior()
-    result = _train_if_trainable(meta, config)
-    meta.check_bounded()
+    with parameter_scope(config):  # nothing is left in Pyro's global parameter store
+        stack = ModuleStack.from_modules(modules, "recycle-outputs", dtype=spec.dtype,
+                                         device=spec.device)
+        if spec.repair_sites:
+            stack, _ = clip_site_precisions(stack)
+        points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
+        inducing = initial_inducing(points, spec.num_inducing, spec.inducing_init, config.seed)
+        kernel = initial_global_kernel(stack, spec, inducing.shape[-1], stack.standardisation,
+                                       True)
+        if not isinstance(kernel, Stationary):
+            raise ValueError("the multi-output meta-GP's latent functions take one stationary "
+                             "kernel (rbf, matern12, matern32, matern52), not "
+                             f"{kernel_text(kernel)}")
+        meta = MultiOutputMetaGP(stack, inducing.expand(num_latent, -1, -1), kernel.family,
+                                 kernel.lengthscale.detach().expand(num_latent, -1),
+                                 initial_mixing(stack, inducing, num_latent, config.seed),
+                                 learn_inducing=spec.learn_inducing, jitter=spec.jitter,
+                                 on_unbounded=spec.on_unbounded, check_every=config.window)
+        if meta.check_bounded() > 0:
+            meta.set_optimal_posterior()
+        result = _train_if_trainable(meta, config)
+        meta.check_bounded()
     return RecycledMultiOutput(meta, result)

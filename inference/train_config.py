@@ -25,7 +25,9 @@ class TrainConfig:
     collapsed bound of the other parameters); ``time_budget`` a limit in seconds; ``pin``:
     independent members under the batched L-BFGS end pinned at their optimum
     (:meth:`~pyrogp_models.inference.batched_lbfgs.BatchedLBFGS.pinned`) once they pass the
-    change test (``False``: the change test alone, e.g. to screen restarts).
+    change test (``False``: the change test alone, e.g. to screen restarts);
+    ``global_param_store`` trains in Pyro's global parameter store (and leaves the parameters
+    there) instead of in the model only.
     """
 
     optimizer: str = "adam"
@@ -42,6 +44,7 @@ class TrainConfig:
     hooks_in_closure: bool = False
     time_budget: float | None = None
     pin: bool = True
+    global_param_store: bool = False
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
@@ -68,10 +71,11 @@ UNCOLLAPSED_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=5
                                  natural_gradient_lr=1.0)
 #: The natural-gradient step size with minibatches (a unit step would follow one batch's noise).
 MINIBATCH_NATURAL_GRADIENT = 0.2
-#: Exact experts: L-BFGS on the summed log marginal likelihood, at most 10 × 20 iterations (the
-#: authors' code runs SciPy L-BFGS-B for 200 iterations); stops when a step no longer changes the
-#: loss.
-EXPERTS_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=10, window=1, tol=1e-9)
+#: Exact experts: L-BFGS on the summed log marginal likelihood (the batched L-BFGS with one
+#: member, which reads nothing back to the host), at most 500 iterations (the authors' code runs
+#: SciPy L-BFGS-B for 200); it stops when the loss changes by less than 1e-6 (relative) over 10
+#: iterations and the hyperparameters are then pinned at the optimum, as the local fits are.
+EXPERTS_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, window=10, tol=1e-6)
 #: The distributed kernel: Adam at learning rate 0.05 on the kernel, Z and the likelihood (q(v)
 #: by its solve hook), stopping when the bound changes by less than 1e-6 (relative) over 50
 #: steps, at most 1000 steps.

@@ -1,7 +1,13 @@
 """Training Pyro models by stochastic variational inference: the library's one trainer.
 
 The loss is Pyro's ``TraceMeanField_ELBO`` (analytic KL terms) of a PyroModule's ``model`` and
-``guide``, both called with no arguments (every model binds its data) unless ``args`` are given.
+``guide``, both called with no arguments (every model binds its data) unless ``args`` are given,
+evaluated without Pyro's host reads
+(:class:`~pyrogp_models.inference.mean_field_elbo.DeviceMeanFieldELBO`; Pyro's argument
+validation, which checks every distribution on the host, is off inside the loop). The loop runs
+in a scope of Pyro's parameter store (``ParamStoreDict.scope``), so a fit leaves nothing in the
+global store — the parameters live in the model — unless ``TrainConfig.global_param_store`` asks
+for it.
 Optimisers: Adam, or full-batch L-BFGS — for a model of independent members (the local GPs
 of K partitions: ``member_objectives()``) one memory and one step length per member
 (:mod:`pyrogp_models.inference.batched_lbfgs`), otherwise torch's L-BFGS with a strong-Wolfe line
@@ -19,8 +25,8 @@ costs thousands of nats).
 No value is read back to the host inside a step: losses stay on the device and factorisations
 run under :func:`~pyrogp_models.gaussian.linalg.deferred_checks` (a failed Cholesky factor turns
 the loss NaN). The loss history is read once per convergence window of ``window`` steps, where a
-non-finite loss stops the fit with one line naming the cause. (L-BFGS's line search compares
-losses on the host by design.)
+non-finite loss stops the fit with one line naming the cause. (Torch's L-BFGS, used for a model
+without ``member_objectives()``, compares losses on the host in its line search.)
 
 Convergence: stop when the mean loss of the last ``window`` steps differs from that of the window
 before by less than ``tol`` relative. Independent members under the batched L-BFGS are judged
@@ -41,14 +47,15 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import pyro
 import torch
-from pyro.infer import TraceMeanField_ELBO
 from pyrogp_models.inference.batched_lbfgs import BatchedLBFGS
+from pyrogp_models.inference.mean_field_elbo import DeviceMeanFieldELBO
 from pyrogp_models.inference.natural_gradient import NaturalGradient
 from pyrogp_models.inference.protocols import IndependentMembers, NoisyObjective
 from pyrogp_models.inference.train_config import TrainConfig
@@ -153,11 +160,19 @@ class _MemberConvergence:
         return converged
 
 
+def parameter_scope(config: TrainConfig):
+    """A scope of Pyro's parameter store (``ParamStoreDict.scope``) for a fit — building,
+    training, export — so that it leaves nothing in the global store (any PyroModule called
+    puts its parameters there); a null context when ``config.global_param_store``."""
+    return nullcontext() if config.global_param_store else pyro.get_param_store().scope()
+
+
 def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
           hooks: Sequence[PreStepHook] = (), **kwargs) -> TrainResult:
     """Maximise the ELBO of ``module.model`` / ``module.guide`` (called with ``args, kwargs``):
-    minimise Pyro's ``TraceMeanField_ELBO`` loss by ``config``'s optimiser, with ``hooks`` (and a
-    natural-gradient hook when ``config.natural_gradient_lr`` is set) before every step."""
+    minimise Pyro's ``TraceMeanField_ELBO`` loss (on the device) by ``config``'s optimiser, with
+    ``hooks`` (and a natural-gradient hook when ``config.natural_gradient_lr`` is set) before
+    every step."""
     config = config or TrainConfig()
     hooks = list(hooks)
     if config.natural_gradient_lr is not None:
@@ -168,7 +183,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     if isinstance(optimizer, BatchedLBFGS) and hooks:
         raise ValueError("pre-step hooks (natural-gradient steps) go with Adam, not with the "
                          "batched L-BFGS of independent members")
-    elbo = TraceMeanField_ELBO()
+    elbo = DeviceMeanFieldELBO()
     result = TrainResult()
     start = 0
     if config.resume and config.checkpoint and Path(config.checkpoint).exists():
@@ -201,7 +216,8 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     noisy = isinstance(module, NoisyObjective) and bool(module.noisy_objective)
     step, began = start, time.perf_counter()
     try:
-        with deferred_checks():
+        with (deferred_checks(), pyro.validation_enabled(False),
+              parameter_scope(config)):
             while step < config.steps:
                 try:
                     for hook in () if in_closure else hooks:
@@ -215,7 +231,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                     else:
                         loss = optimizer.step(closure)
                 except ValueError:
-                    _raise_if_not_finite(loss_fn, step + 1)
+                    _raise_if_not_finite(loss_fn, step + 1, config)
                     raise
                 if step == len(losses):
                     losses = torch.cat([losses, torch.full_like(losses, math.nan)])
@@ -225,7 +241,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                 out_of_time = (config.time_budget is not None
                                and time.perf_counter() - began >= config.time_budget)
                 if step % config.window == 0 or step == config.steps or out_of_time:
-                    _check_finite(losses, step, loss_fn)
+                    _check_finite(losses, step, loss_fn, config)
                     bar.set_postfix(loss=f"{losses[step - 1].item():.4g}")
                     change = (members.change() if members is not None
                               else _relative_change(losses, step, config.window, noisy))
@@ -273,7 +289,8 @@ def _warn_not_converged(result: TrainResult, config: TrainConfig) -> None:
         result.steps, result.change, config.tol, unconverged), stacklevel=2)
 
 
-def _check_finite(losses: torch.Tensor, step: int, loss_fn: Callable[[], torch.Tensor]) -> None:
+def _check_finite(losses: torch.Tensor, step: int, loss_fn: Callable[[], torch.Tensor],
+                  config: TrainConfig) -> None:
     """Raise if a loss of the last window is not finite, naming a failed factorisation when an
     evaluation with checks finds one."""
     if bool(torch.isfinite(losses[:step]).all()):
@@ -283,24 +300,32 @@ def _check_finite(losses: torch.Tensor, step: int, loss_fn: Callable[[], torch.T
         try:
             loss_fn()
         except CholeskyError as error:
-            raise CholeskyError(f"{error} (at step {first} of the fit; try a smaller learning "
-                                "rate)") from None
-    raise _non_finite(losses[first - 1].item(), first)
+            raise CholeskyError(f"{error} (at step {first} of the fit; "
+                                f"{_remedy(config)})") from None
+    raise _non_finite(losses[first - 1].item(), first, config)
 
 
-def _raise_if_not_finite(loss_fn: Callable[[], torch.Tensor], step: int) -> None:
+def _raise_if_not_finite(loss_fn: Callable[[], torch.Tensor], step: int,
+                         config: TrainConfig) -> None:
     """Name the step when Pyro's validation refused a non-finite value (a NaN factor or
     distribution parameter): raise if the loss, evaluated without validation, is not finite."""
     with torch.no_grad(), pyro.validation_enabled(False), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Pyro's "Encountered NaN": the error below says it
         loss = loss_fn()
     if not bool(torch.isfinite(loss)):
-        raise _non_finite(loss.item(), step) from None
+        raise _non_finite(loss.item(), step, config) from None
 
 
-def _non_finite(loss: float, step: int) -> FloatingPointError:
-    return FloatingPointError(f"the loss became {loss} at step {step}; try a smaller learning "
-                              "rate")
+def _non_finite(loss: float, step: int, config: TrainConfig) -> FloatingPointError:
+    return FloatingPointError(f"the loss became {loss} at step {step}; {_remedy(config)}")
+
+
+def _remedy(config: TrainConfig) -> str:
+    """What to try after a non-finite loss: Adam's learning rate, or — L-BFGS rejects non-finite
+    trial points, so its start or its data are at fault — the data."""
+    if config.optimizer == "adam":
+        return "try a smaller learning rate"
+    return "check the data for constant targets, duplicate inputs or too few rows"
 
 
 # Checkpoints --------------------------------------------------------------------------------

@@ -123,9 +123,9 @@ def test_require_finite_names_the_first_bad_row():
     values = np.ones((5, 2))
     values[3, 1] = np.nan
     values[4, 0] = np.inf
-    with pytest.raises(DataError, match=r"^inputs contains NaN or inf \(first at row 3\)$"):
+    with pytest.raises(DataError, match=r"^inputs contains NaN or inf \(first at row 4\)$"):
         require_finite(values, "inputs")
-    with pytest.raises(DataError, match=r"first at row 1\)"):
+    with pytest.raises(DataError, match=r"first at row 2\)"):
         require_finite(torch.tensor([0.0, -float("inf")], dtype=torch.float32), "outputs")
 
 
@@ -145,7 +145,7 @@ def test_split_features_target_checks_only_the_columns_it_returns():
     values[1, 2] = np.nan
     table = Table(["t", "x1", "id", "x2"], values)
     split_features_target(table, "t", exclude=["id"])
-    with pytest.raises(DataError, match=r"column 'id' contains NaN or inf \(first at row 1\)"):
+    with pytest.raises(DataError, match=r"column 'id' contains NaN or inf \(first at row 2\)"):
         split_features_target(table, "t")
     values[2, 0] = np.inf
     with pytest.raises(DataError, match="column 't' contains NaN or inf"):

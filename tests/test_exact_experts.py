@@ -9,7 +9,7 @@ import numpy as np
 import pyro
 import pytest
 import torch
-from pyrogp_models.inference.experts_fit import ExpertsSpec, fit_exact_experts
+from pyrogp_models.inference.experts_fit import DEFAULT_TRAIN_CONFIG, ExpertsSpec, fit_exact_experts
 from pyrogp_models.inference.trainer import TrainConfig, train
 
 from pyrogp_models.data import Standardisation
@@ -100,7 +100,7 @@ def test_training_maximises_the_summed_log_marginal(optimizer):
     X, y, _ = data(90)
     model = experts(X, y, partition_random(len(y), 3, 0), noise=0.5)
     before = model.log_marginal().sum().item()
-    config = (TrainConfig(optimizer="lbfgs", lr=1.0, steps=10, window=1, tol=1e-10)
+    config = (DEFAULT_TRAIN_CONFIG
               if optimizer == "lbfgs" else TrainConfig(lr=0.1, steps=100, tol=None))
     result = train(model, config=config)
     after = model.log_marginal().sum()

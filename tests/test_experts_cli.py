@@ -9,7 +9,7 @@ import pytest
 import torch
 from pyrogp_models.inference.cli import main
 from pyrogp_models.inference.experts_fit import ExpertsSpec, fit_exact_experts
-from pyrogp_models.inference.trainer import TrainConfig
+from pyrogp_models.inference.train_config import TrainConfig
 
 from helpers import constant_scores, exact_gp_scores, write_csv
 from pyrogp_models.data import load_table

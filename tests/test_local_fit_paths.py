@@ -92,8 +92,9 @@ def uneven():
 
 
 def test_minibatch_data_terms_are_unbiased_for_unequal_partitions(uneven):
-    """The mean of many minibatch estimates (B = 16 per partition, weight N_k/B) equals the full
-    data term of each partition, padded or not, within 5 standard errors."""
+    """The mean of many minibatch estimates (B = 16 positions of the padded layout, weight
+    N_max/B) equals the full data term of each partition, padded or not, within 5 standard
+    errors."""
     X, y, partition = uneven
     spec = LocalFitSpec(num_inducing=5, batch_size=16)
     X_model, y_model, _ = model_inputs(X, y, spec)

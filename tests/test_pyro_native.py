@@ -9,12 +9,15 @@ every predictor turns into an ArviZ InferenceData that ``az.summary`` and ``az.l
 """
 
 import math
+import re
+import runpy
+from pathlib import Path
 
 import numpy as np
 import pyro
 import pytest
 import torch
-from pyro.infer import SVI, Predictive, TraceMeanField_ELBO
+from pyro.infer import SVI, JitTraceMeanField_ELBO, Predictive, TraceMeanField_ELBO
 from pyrogp_models.inference.experts_fit import fit_exact_experts
 from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local, local_predictor
 from pyrogp_models.inference.natural_gradient import NaturalGradient
@@ -27,8 +30,10 @@ from pyrogp_models.data.partitioners import (
     partition_contiguous,
     partition_random,
 )
+from pyrogp_models.errors import DataError
 from pyrogp_models.models.experts.predictor import ExpertCombination
 from pyrogp_models.models.local.collapsed import collapsed_bound
+from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.modules.routing import RoutedModules
 
 STEPS, LR = 25, 0.01
@@ -252,3 +257,119 @@ def test_every_predictor_gives_inference_data_that_arviz_summarises(name):
     loo = arviz_bridge.loo(idata)
     exact = float(predictor.log_predictive(X, y).sum())
     assert loo.elpd_loo + loo.p_loo == pytest.approx(exact, abs=0.05 * abs(exact) + 1.0)
+
+
+# The Pyro example of the README and the docs ---------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def own_pyro_example(name: str) -> str:
+    if name == "README":
+        readme = (ROOT / "README.md").read_text(encoding="utf-8")
+        section = re.search(r"^## In your own Pyro code\n(.*?)(?=^## )", readme, re.S | re.M)
+        return re.search(r"```python\n(.*?)```", section.group(1), re.S).group(1)
+    return (ROOT / name).read_text(encoding="utf-8")
+
+
+def alpha_prior(namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    site = pyro.poutine.trace(namespace["model"]).get_trace().nodes["alpha"]
+    return site["fn"].loc, site["fn"].scale
+
+
+@pytest.mark.parametrize("name", ["README", "docs/examples/own_pyro.py"])
+def test_the_own_pyro_example_refits_after_clearing_the_store_with_its_prior_fixed(
+        name, tmp_path, monkeypatch):
+    """The example's prior α ~ N(0, 1) stays N(0, 1) while SVI trains q(α), and a refit after
+    ``pyro.clear_param_store()`` starts again from the guide's initial values (a guide that
+    passed the prior's own zeros tensor to ``pyro.param`` moved the prior with q and restarted
+    from a negative scale)."""
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "example.py"
+    script.write_text(own_pyro_example(name))
+    namespace = runpy.run_path(str(script), run_name="__main__")
+    loc, scale = alpha_prior(namespace)
+    assert torch.equal(loc, torch.zeros_like(loc)) and torch.equal(scale, torch.ones_like(scale))
+    assert float(pyro.param("alpha_loc").abs().max()) > 1e-3  # q(α) did move
+    pyro.clear_param_store()
+    svi = SVI(namespace["model"], namespace["guide"], pyro.optim.Adam({"lr": 0.01}),
+              TraceMeanField_ELBO())
+    losses = [svi.step() for _ in range(5)]
+    assert all(math.isfinite(loss) for loss in losses)
+    loc, scale = alpha_prior(namespace)
+    assert torch.equal(loc, torch.zeros_like(loc)) and torch.equal(scale, torch.ones_like(scale))
+    assert float(pyro.param("alpha_scale").min()) > 0.05  # restarted near 0.1
+
+
+def test_local_predictive_at_new_inputs_matches_the_routed_modules():
+    """``Predictive`` on ``predictive_model(X_new)`` (model units, routed by the partition's
+    data-unit rule through the standardisation) draws y like the routed modules predict it;
+    the new points leave some partitions empty."""
+    X, y = series()
+    fit = fit_local((X, y, partition_contiguous(X, 4)), LocalFitSpec(num_inducing=6))
+    X_new = np.array([[0.3], [0.9], [4.8], [5.9], [5.1]])
+    s = fit.standardisation
+    num_samples = 6000
+    draws = Predictive(fit.model.predictive_model, guide=fit.model.predictive_guide,
+                       num_samples=num_samples, parallel=True)(
+        torch.as_tensor(s.transform_x(X_new)))[f"{fit.model._pyro_name}.y"]
+    draws = s.inverse_y_mean(draws)
+    mean, var = fit.predictor.predict_y(X_new)
+    assert (draws.mean(0) - mean).abs().max() < 4 * (var / num_samples).sqrt().max()
+    se_var = var * math.sqrt(2.0 / (num_samples - 1))
+    assert bool(((draws.var(0) - var).abs() < 4 * se_var).all())
+
+
+def test_routing_new_inputs_without_the_standardisation_is_refused_in_one_line():
+    X, y = series()
+    X = 10.0 * X + 100.0  # data units far from the model units
+    partition = partition_contiguous(X, 3)
+    s = fit_local((X, y, partition), LocalFitSpec(num_inducing=5), NO_STEPS).standardisation
+    gps = LocalGPs(torch.as_tensor(s.transform_x(X)), torch.as_tensor(s.transform_y(y)),
+                   partition, 5)
+    with pytest.raises(DataError, match="standardisation"):
+        gps.predictive_model(torch.zeros(2, 1))
+    routed = LocalGPs(torch.as_tensor(s.transform_x(X)), torch.as_tensor(s.transform_y(y)),
+                      partition, 5, standardisation=s)
+    np.testing.assert_array_equal(routed.route(torch.as_tensor(s.transform_x(X))),
+                                  partition.assignments)
+
+
+def test_local_minibatches_are_a_subsampled_plate_without_replacement():
+    X, y = series()
+    gps = local_model()[0]
+    for group in gps.groups:
+        group.batch_size = 7
+    trace = pyro.poutine.trace(gps.model).get_trace()
+    site = trace.nodes[f"{gps.groups[0]._pyro_get_fullname('data')}"]
+    (frame,) = [f for f in site["cond_indep_stack"] if f.name.endswith("points")]
+    size = gps.groups[0].data_X.shape[1]
+    assert frame.size == 7 and site["scale"] == pytest.approx(size / 7)
+    positions = trace.nodes[frame.name]["value"]
+    assert len(positions.unique()) == 7 and int(positions.max()) < size
+    assert site["fn"].batch_shape == (7,)
+
+
+def test_no_fit_leaves_parameters_in_the_global_store():
+    local_model()
+    trained_modules(collapsed=False)
+    meta_model()
+    multioutput_model()
+    experts_model()
+    assert list(pyro.get_param_store().keys()) == []
+    X, y = series()
+    fit = fit_local((X, y, partition_contiguous(X, 3)), LocalFitSpec(num_inducing=5),
+                    TrainConfig(steps=2, tol=None, global_param_store=True))
+    assert any(key.startswith(fit.model._pyro_name) for key in pyro.get_param_store().keys())
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_jit_elbo_gives_the_same_steps(kind):
+    """``JitTraceMeanField_ELBO`` trains every model: the same losses as the eager ELBO from the
+    same start (the local GPs' batched KL once failed to trace)."""
+    runs = []
+    for elbo in (TraceMeanField_ELBO(), JitTraceMeanField_ELBO()):
+        model = MODELS[kind]()[0]
+        pyro.set_rng_seed(0)
+        svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": LR}), elbo)
+        runs.append([svi.step() for _ in range(3)])
+    assert runs[1] == pytest.approx(runs[0], rel=1e-9)

@@ -145,11 +145,12 @@ def _load_npz(path: Path) -> Table:
 
 
 def require_finite(array: ArrayLike, what: str) -> None:
-    """Raise ``DataError`` if ``array`` holds NaN or inf; the row is the index along axis 0."""
+    """Raise ``DataError`` if ``array`` holds NaN or inf, naming the first such row counted from 1
+    along axis 0 (as the file readers count data rows)."""
     finite = np.isfinite(np.atleast_1d(as_float64_numpy(array)))
     bad_rows = np.flatnonzero(~finite.all(axis=tuple(range(1, finite.ndim))))
     if bad_rows.size:
-        raise DataError(f"{what} contains NaN or inf (first at row {int(bad_rows[0])})")
+        raise DataError(f"{what} contains NaN or inf (first at row {int(bad_rows[0]) + 1})")
 
 
 def split_features_target(

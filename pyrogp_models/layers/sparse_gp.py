@@ -32,6 +32,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
+from torch.distributions.kl import register_kl
 
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
@@ -155,17 +156,14 @@ class SparseGPLayer(PyroModule):
 
     # Pyro sites -------------------------------------------------------------------------------
     def prior_distribution(self) -> dist.TorchDistribution:
-        """N(0, I) over the whitened v, one event of shape [*B, M] (or [T] joint)."""
-        size = self.num_inducing
+        """N(0, I) over the whitened v, one event of shape [*B, M] (or [T] joint): a
+        :class:`WhitenedPrior`, whose KL from q is in closed form."""
+        size, shape = self.num_inducing, self.batch_shape
         if self.covariance == "joint":
-            size = math.prod(self.batch_shape) * size
-            zeros = self.q_mean.new_zeros(size)
-            return dist.MultivariateNormal(zeros, scale_tril=torch.eye(
-                size, dtype=zeros.dtype, device=zeros.device))
-        zeros = self.q_mean.new_zeros(size)
+            size, shape = math.prod(self.batch_shape) * size, torch.Size()
+        zeros = self.q_mean.new_zeros(*shape, size)
         eye = torch.eye(size, dtype=zeros.dtype, device=zeros.device)
-        return (dist.MultivariateNormal(zeros, scale_tril=eye).expand(self.batch_shape)
-                .to_event(len(self.batch_shape)))
+        return WhitenedPrior(zeros, scale_tril=eye.expand(*shape, size, size)).to_event(len(shape))
 
     def posterior_distribution(self) -> dist.TorchDistribution:
         """q(v) with the event shape of :meth:`prior_distribution`."""
@@ -198,6 +196,21 @@ class SparseGPLayer(PyroModule):
         if self.covariance != "meanfield":
             raise NotImplementedError(f"{what} of a joint q over all members is not "
                                       "available; use the model's own algebra")
+
+
+class WhitenedPrior(dist.MultivariateNormal):
+    """N(0, I) over whitened inducing values (a ``MultivariateNormal`` with zero mean and identity
+    scale): KL[q ‖ N(0, I)] of a multivariate-normal q is eq. (1) in closed form, also under
+    ``torch.jit`` tracing (Pyro's ``JitTraceMeanField_ELBO``), where torch's general KL between
+    two batched multivariate normals cannot infer its batch shape."""
+
+
+@register_kl(dist.MultivariateNormal, WhitenedPrior)
+def _kl_to_whitened_prior(q: dist.MultivariateNormal, p: WhitenedPrior) -> torch.Tensor:
+    """Eq. (1) for every batch member: [*batch]."""
+    shape = torch.broadcast_shapes(q.batch_shape, p.batch_shape)
+    return kl_to_standard_normal(q.loc.expand(*shape, q.event_shape[0]),
+                                 q.scale_tril.expand(*shape, *q.scale_tril.shape[-2:]))
 
 
 class OneLayer:

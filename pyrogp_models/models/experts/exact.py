@@ -10,8 +10,9 @@ The experts form one batched Pyro model: the partitions are padded to a common s
 (padded rows get an identity covariance and zero targets, and their −½ log 2π terms are dropped),
 so one batched Cholesky of [J, m, m] evaluates every expert. :meth:`ExactExperts.model` adds the
 objective as a ``pyro.factor`` and the guide is empty (point estimates), so an ELBO optimiser
-fits the hyperparameters like those of any other model (``pyrogp_models.inference.experts_fit`` runs
-the library's trainer, L-BFGS by default; ``pyro.infer.SVI`` works as well: the model runs in Pyro's
+fits the hyperparameters like those of any other model
+(``pyrogp_models.inference.experts_fit`` runs the library's trainer, by default its L-BFGS with
+the hyperparameters as one member; ``pyro.infer.SVI`` works as well: the model runs in Pyro's
 module context and binds its data). :meth:`ExactExperts.predictive_model` draws every expert's
 f and y at new inputs from its exact posterior, for ``pyro.infer.Predictive``.
 
@@ -109,6 +110,14 @@ class ExactExperts(PyroModule):
         """log N(y_j | 0, K_j + σ²I) of every expert; [J]."""
         log_density = _GaussianLogDensity.apply(self.noisy_covariance(), self.data_y)
         return log_density - 0.5 * _LOG_2PI * self.counts.to(log_density.dtype)
+
+    def member_objectives(self, precise: bool = False) -> list:
+        """The shared hyperparameters as one member of the batched L-BFGS
+        (:mod:`pyrogp_models.inference.batched_lbfgs`) with −eq. (2) as its objective [1]: one
+        evaluation per iteration and no value read back to the host. The objective is exact, so
+        ``precise`` changes nothing."""
+        return [([p for p in self.parameters() if p.requires_grad],
+                 lambda: -self.log_marginal().sum().reshape(1))]
 
     @pyro_method
     def model(self):

@@ -56,7 +56,8 @@ class LocalGPs(PyroModule):
         inducing_init: ``"kmeans"`` or ``"grid"``.
         learn_inducing: optimise Z.
         collapsed: train Gaussian partitions on the collapsed (Titsias) bound.
-        batch_size: points per partition per evaluation (minibatches; uncollapsed only).
+        batch_size: minibatches of B positions of the padded partitions per evaluation, shared
+            by all partitions (uncollapsed only; :meth:`BatchedSVGP.model`).
         jitter: relative jitter on K_zz.
         noise: initial Gaussian noise variance (standardised units); default: from each
             partition's data (:mod:`~pyrogp_models.models.local.initialisation`, like the other
@@ -68,6 +69,9 @@ class LocalGPs(PyroModule):
         start_scales: [K, 2] factors on each partition's initial lengthscales (and periods) and
             Gaussian noise that the data set (the starts of restarts,
             :mod:`pyrogp_models.inference.restarts`); default ones.
+        standardisation: the map from data units to the model units of X, y; the partition's
+            rule routes new inputs in data units (:meth:`predictive_model`). Without it the
+            rule is applied to model units (right when X is in data units).
         name: the Pyro name (default: a fresh ``"local"``).
     """
 
@@ -80,8 +84,10 @@ class LocalGPs(PyroModule):
                  jitter: float = DEFAULT_JITTER, noise: float | None = None,
                  generator: torch.Generator | None = None,
                  inducing: Sequence[torch.Tensor] | None = None,
-                 start_scales: torch.Tensor | None = None, name: str | None = None):
+                 start_scales: torch.Tensor | None = None,
+                 standardisation: Standardisation | None = None, name: str | None = None):
         super().__init__(name or unique_name("local"))
+        self.standardisation = standardisation
         self.likelihood_name = likelihood
         self.likelihood_options = dict(likelihood_options or {})
         self.collapsed = collapsed
@@ -161,33 +167,53 @@ class LocalGPs(PyroModule):
     def predictive_model(self, X: torch.Tensor | None = None,
                          assignments: np.ndarray | None = None):
         """f and y at the data (default) or at new inputs X [N, D] (model units), each point in
-        its partition (``assignments`` [N], default: routed by the partition's rule). Per-group
-        sites are padded; the deterministic sites ``f`` [N(, L)] and ``y`` [N] are in point
-        order."""
+        its partition (``assignments`` [N], default: :meth:`route`). Per-group sites are
+        padded; the deterministic sites ``f`` [N(, L)] and ``y`` [N] are in point order."""
         if X is None:
             layout = [(g.data_X, index, g.data_mask) for g, index in
                       zip(self.groups, self._group_index, strict=True)]
             count = self.num_points
         else:
-            if assignments is None:
-                assignments = route(self.partition.rule, X.detach().cpu().numpy())
-            partition = Partition(np.asarray(assignments, dtype=np.int64),
-                                  {"kind": "random", "num_partitions": self.num_partitions})
-            Xp, _, mask, index = pad_partitions(X, X.new_zeros(len(X)), partition)
-            layout = [(Xp[m], index[m], mask[m]) for m in self.group_members]
+            assignments = self.route(X) if assignments is None else np.asarray(assignments)
+            index, mask = _padded_layout(assignments, self.num_partitions, X.device)
+            layout = [(X[index[m]], index[m], mask[m]) for m in self.group_members]
             count = len(X)
         f_all = y_all = None
         trailing = int(self.groups[0].num_latent > 1)
         for group, (inputs, index, mask) in zip(self.groups, layout, strict=True):
             f, y = group.predictive_model(inputs)
-            if f_all is None:
-                f_all = f.new_zeros(*f.shape[:f.dim() - 2 - trailing], count,
+            if f_all is None:  # one spare slot at the end receives the padding
+                f_all = f.new_zeros(*f.shape[:f.dim() - 2 - trailing], count + 1,
                                     *f.shape[f.dim() - trailing:])
-                y_all = y.new_zeros(*y.shape[:-2], count)
+                y_all = y.new_zeros(*y.shape[:-2], count + 1)
             _scatter_points(f_all, f, mask, index, trailing)
             _scatter_points(y_all, y, mask, index, 0)
-        pyro.deterministic(self._pyro_get_fullname("f"), f_all)
-        pyro.deterministic(self._pyro_get_fullname("y"), y_all)
+        spare = (..., slice(0, count)) + (slice(None),) * trailing
+        pyro.deterministic(self._pyro_get_fullname("f"), f_all[spare])
+        pyro.deterministic(self._pyro_get_fullname("y"), y_all[..., :count])
+
+    def route(self, X: torch.Tensor) -> np.ndarray:
+        """The partition of each new input X [N, D] (model units) by the partition's rule, which
+        is in data units (mapped back by the ``standardisation``); [N]. Raises
+        :class:`~pyrogp_models.errors.DataError` if the rule does not send the model's own
+        inputs to their partitions (a standardisation was due and not given)."""
+        def rule_units(inputs: torch.Tensor) -> np.ndarray:
+            values = inputs.detach().cpu().numpy()
+            s = self.standardisation
+            return values if s is None else values * s.x_scale + s.x_mean
+
+        sample = np.linspace(0, self.num_points - 1, min(self.num_points, 64)).astype(np.int64)
+        rows = [(g.data_X[k, : int(mask.sum())], members[k]) for g, members in
+                zip(self.groups, self.group_members, strict=True)
+                for k, mask in enumerate(g.data_mask)]
+        own = torch.cat([inputs for inputs, _ in rows])
+        expected = np.concatenate([np.full(len(inputs), int(k)) for inputs, k in rows])
+        if not np.array_equal(route(self.partition.rule, rule_units(own[sample])),
+                              expected[sample]):
+            raise DataError("the partition's rule does not route the model's own inputs to "
+                            "their partitions: give LocalGPs the standardisation of its inputs "
+                            "(or pass assignments)")
+        return route(self.partition.rule, rule_units(X))
 
     @pyro_method
     def predictive_guide(self, *args, **kwargs):
@@ -288,10 +314,25 @@ def _initial_inducing_padded(Xp, mask, per_partition, method, generator) -> list
     return [inducing[k] for k in range(len(per_partition))]
 
 
+def _padded_layout(assignments: np.ndarray, num_partitions: int, device: torch.device
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of the points of every partition, padded: ``index`` [K, N_max] (0 on padding) and
+    ``mask`` [K, N_max]; partitions may be empty. Computed on the host from host assignments."""
+    sizes = np.bincount(assignments, minlength=num_partitions)
+    order = np.argsort(assignments, kind="stable")
+    positions = np.arange(order.size) - (np.cumsum(sizes) - sizes)[assignments[order]]
+    index = np.zeros((num_partitions, max(int(sizes.max(initial=0)), 1)), dtype=np.int64)
+    index[assignments[order], positions] = order
+    mask = np.arange(index.shape[1]) < sizes[:, None]
+    return (torch.as_tensor(index, device=device), torch.as_tensor(mask, device=device))
+
+
 def _scatter_points(out: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                     index: torch.Tensor, trailing: int) -> None:
     """Write padded values [..., K, N, *T] (``trailing`` = len(T) dimensions) into ``out``
-    [..., P, *T] at the data rows ``index`` of the real (``mask``) slots."""
+    [..., P + 1, *T] at the data rows ``index`` of the real (``mask``) slots; padded slots go to
+    the spare row P (no data-dependent shapes, so nothing is read back to the host)."""
     moved = values.movedim(tuple(range(-trailing, 0)), tuple(range(trailing)))
     target = out.movedim(tuple(range(-trailing, 0)), tuple(range(trailing)))
-    target[..., index[mask]] = moved[..., mask]
+    rows = torch.where(mask, index, target.shape[-1] - 1)
+    target[..., rows.reshape(-1)] = moved.reshape(*moved.shape[:-2], -1)

@@ -55,7 +55,8 @@ class BatchedSVGP(OneLayer, PyroModule):
         inducing_scale: [K, D] scale of each partition's coordinates for Z (e.g. the spread of
             its inputs); without it Z is optimised in the shared input coordinates.
         collapsed: train on Titsias' collapsed bound (Gaussian likelihood; q(v) implicit).
-        batch_size: points drawn per partition per evaluation (uncollapsed bound only).
+        batch_size: positions of the padded data drawn per evaluation, shared by all partitions
+            (uncollapsed bound only; see :meth:`model`).
         jitter: relative jitter on K_zz.
         name: the Pyro name (default: a fresh ``"svgp"``).
     """
@@ -197,15 +198,26 @@ class BatchedSVGP(OneLayer, PyroModule):
 
     def data_term(self, offset: torch.Tensor | None = None, precise: bool = False
                   ) -> torch.Tensor:
-        """Σ_i E_q[log p(y_i | f_i + offset_i)] per partition [K], estimated on a minibatch of
-        ``batch_size`` points per partition when one is set; ``precise``: never in the inverse
-        form."""
-        X, y, weights, index = minibatch(self.data_X, self.data_y, self.data_mask,
-                                         self.batch_size)
-        if offset is not None and index is not None:
-            offset = offset.gather(1, index)
-        return self.expected_log_lik(X, y, weights, inverse_form=False if precise else None,
-                                     offset=offset)
+        """Σ_i E_q[log p(y_i | f_i + offset_i)] per partition [K] on the bound data; with a
+        ``batch_size``, estimated without bias from B positions of the padded layout drawn
+        without replacement (:meth:`pointwise_data_term` scaled by N_max/B, as the
+        subsampled plate of :meth:`model` scales it); ``precise``: never in the inverse form."""
+        if self.batch_size is None:
+            return self.expected_log_lik(self.data_X, self.data_y, self.data_mask.to(
+                self.data_X.dtype), inverse_form=False if precise else None, offset=offset)
+        size = self.data_X.shape[1]
+        positions = torch.randperm(size, device=self.data_X.device)[:self.batch_size]
+        return self.pointwise_data_term(positions, offset).sum(-1) * (size / len(positions))
+
+    def pointwise_data_term(self, positions: torch.Tensor,
+                            offset: torch.Tensor | None = None) -> torch.Tensor:
+        """E_q[log p(y_ki | f_ki + offset_ki)] at the positions [B] of every partition's padded
+        data, zero on padding; [K, B]."""
+        X, y = self.data_X[:, positions], self.data_y[:, positions]
+        mean, var = self.latent(X, inverse_form=False)
+        mean = mean if offset is None else mean + offset[:, positions]
+        terms = self.likelihood.expected_log_prob(y, mean, var)
+        return torch.where(self.data_mask[:, positions], terms, 0.0)
 
     def objective(self, offset: torch.Tensor | None = None, precise: bool = False
                   ) -> torch.Tensor:
@@ -236,12 +248,23 @@ class BatchedSVGP(OneLayer, PyroModule):
     @pyro_method
     def model(self, offset: torch.Tensor | None = None):
         """Whitened prior v ~ N(0, I); the expected log-likelihood as a factor (or the collapsed
-        bound alone). ``offset`` [K, N] (padded like the data) is added to the latent mean."""
+        bound alone). ``offset`` [K, N] (padded like the data) is added to the latent mean. With
+        a ``batch_size`` B the factor is per position [B] inside ``pyro.plate(...,
+        subsample_size=B)`` over the N_max positions of the padded data (shared by all
+        partitions, drawn without replacement), which scales it by N_max/B."""
         if self.collapsed:
             pyro.factor(self._pyro_get_fullname("collapsed"), self.objective(offset).sum())
             return
         self.layer.sample(self._pyro_get_fullname("u"), posterior=False)
-        pyro.factor(self._pyro_get_fullname("data"), self.data_term(offset).sum())
+        if self.batch_size is None:
+            pyro.factor(self._pyro_get_fullname("data"), self.data_term(offset).sum())
+            return
+        size = self.data_X.shape[1]
+        with pyro.plate(self._pyro_get_fullname("points"), size,
+                        subsample_size=min(self.batch_size, size), device=self.data_X.device,
+                        dim=-1) as positions:
+            pyro.factor(self._pyro_get_fullname("data"),
+                        self.pointwise_data_term(positions, offset).sum(0))
 
     @pyro_method
     def guide(self, *args, **kwargs):
@@ -294,17 +317,3 @@ class BatchedSVGP(OneLayer, PyroModule):
         """q(u) = N(L m, (L L_w)(L L_w)ᵀ): mean [K, L, M] and lower Cholesky factor [K, L, M, M]."""
         return self.layer.unwhitened_posterior()
 
-
-def minibatch(X, y, mask, batch_size: int | None):
-    """Per-partition uniform minibatches with weights N_k/B, or the full data with the mask.
-
-    Returns (X, y, weights, index): ``index`` [K, B] are the drawn positions (None for the full
-    data)."""
-    if batch_size is None:
-        return X, y, mask.to(X.dtype), None
-    counts = mask.sum(-1, keepdim=True).to(X.dtype)
-    shape = (X.shape[0], batch_size)
-    index = (torch.rand(shape, dtype=X.dtype, device=X.device) * counts).long()
-    X_batch = X.gather(1, index.unsqueeze(-1).expand(*shape, X.shape[-1]))
-    y_batch = y.gather(1, index)
-    return X_batch, y_batch, (counts / batch_size).expand(shape), index

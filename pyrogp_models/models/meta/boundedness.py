@@ -10,16 +10,20 @@ read back per window), raising :class:`~pyrogp_models.errors.UnboundedBoundError
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
-from pyrogp_models.errors import UnboundedBoundError
+from pyrogp_models.errors import DataError, UnboundedBoundError
 from pyrogp_models.gaussian.linalg import checks_deferred
 
 #: What to do when λ_min(Λ_w) ≤ 0.
 ON_UNBOUNDED = ("raise", "warn")
+#: Below float64, the largest ε·cond(Λ_w) accepted (float32: a condition number of 840; at
+#: 3·10⁴ a float32 fit of sine modules with noise 0.1 went NaN, at 3·10⁶ its eigensolver failed).
+RESOLVED_ERROR = 1e-4
 
 
 class UnboundedBoundWarning(UserWarning):
@@ -63,14 +67,37 @@ class BoundednessGuard:
     def min_precision_eigenvalue(self, precision: torch.Tensor | None = None) -> float:
         """λ_min(Λ_w) (of ``precision`` when given, else of the current Λ_w); the bound is bounded
         above in q iff it is positive."""
+        return self._precision_eigenvalues(precision)[0]
+
+    @torch.no_grad()
+    def _precision_eigenvalues(self, precision: torch.Tensor | None = None
+                               ) -> tuple[float, float, torch.dtype]:
+        """λ_min and λ_max of Λ_w (eigenvalues in float64, which also resolve a float32 Λ_w) and
+        the dtype Λ_w was assembled in."""
         if precision is None:
             precision = self.bound_quadratic().precision
-        return float(torch.linalg.eigvalsh(precision.detach())[0])
+        dtype, precision = precision.dtype, precision.detach().to(torch.float64)
+        if not bool(torch.isfinite(precision).all()):
+            return math.nan, math.nan, dtype
+        values = torch.linalg.eigvalsh(precision)
+        return float(values[0]), float(values[-1]), dtype
 
     def check_bounded(self, precision: torch.Tensor | None = None) -> float:
         """Raise :class:`UnboundedBoundError` (or warn) if λ_min(Λ_w) ≤ 0; returns λ_min.
-        ``precision``: Λ_w if already computed."""
-        smallest = self.min_precision_eigenvalue(precision)
+        ``precision``: Λ_w if already computed. Below float64, Λ_w whose condition number
+        exceeds :data:`RESOLVED_ERROR`/ε of its dtype (rounding alone can make λ_min ≤ 0) is
+        refused with a :class:`~pyrogp_models.errors.DataError` that names the dtype, not as
+        unbounded. A non-finite Λ_w is left to the trainer, which names the step."""
+        smallest, largest, dtype = self._precision_eigenvalues(precision)
+        if math.isnan(smallest):
+            return smallest
+        epsilon = torch.finfo(dtype).eps
+        if dtype != torch.float64 and smallest <= largest * epsilon / RESOLVED_ERROR:
+            raise DataError(
+                f"in {str(dtype).removeprefix('torch.')} the meta-GP's precision Λ_w is not "
+                f"resolved (condition number {largest / max(smallest, largest * epsilon):.2g}, "
+                f"more than {RESOLVED_ERROR:g}/ε = {RESOLVED_ERROR / epsilon:.2g}): these "
+                "modules are too precise for it; recycle them in float64")
         if smallest > 0:
             return smallest
         error = self._unbounded_error(smallest)

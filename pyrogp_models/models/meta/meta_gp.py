@@ -472,8 +472,9 @@ def choose_likelihood(stack: ModuleStack | None, raw_likelihood: Likelihood | No
         elif raw is not None:
             values[key] = raw.parameter_values()[key].detach().clone()
         elif same:
-            weights = torch.tensor([float(m.num_data) for m in same], dtype=torch.float64)
             stacked = torch.stack([m.likelihood_params[key].to(torch.float64) for m in same])
+            weights = torch.tensor([float(m.num_data) for m in same], dtype=torch.float64,
+                                   device=stacked.device)
             values[key] = (weights * stacked).sum() / weights.sum()
         else:
             raise ValueError(f"no value for the {name} likelihood's '{key}': no module or raw "
