@@ -4,7 +4,7 @@ The SE kernel is split into J local kernels along one input (``--dim``, by defau
 largest range), cut at data quantiles; each local GP gets m inducing inputs. The fit itself
 (standardisation, initial lengthscale, cuts, training) is
 :func:`pyrogp_models.inference.distributed_kernel_fit.fit_distributed_kernel`: a Gaussian mean-field
-fit solves q in closed form at every step; other settings run Pyro SVI.
+fit runs L-BFGS on the collapsed bound (q solved at every step); other settings run Pyro SVI.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from pathlib import Path
 from pyrogp_models.inference.commands.common import check_output_file, one_line_warnings
 from pyrogp_models.inference.commands.fit_local import _feature_names
 from pyrogp_models.inference.distributed_kernel_fit import (
-    DEFAULT_TRAIN_CONFIG,
+    COLLAPSED_CONFIG,
+    SVI_CONFIG,
     DistributedKernelSpec,
+    default_config,
     fit_distributed_kernel,
 )
 
@@ -50,12 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="observation model (default: gaussian)")
     parser.add_argument("--link", help="bernoulli: logit|probit")
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
-    parser.add_argument("--steps", type=int, default=DEFAULT_TRAIN_CONFIG.steps,
+    parser.add_argument("--steps", type=int, metavar="N",
                         help="maximum optimiser steps; the fit stops earlier once converged "
-                             f"(default: {DEFAULT_TRAIN_CONFIG.steps})")
-    parser.add_argument("--lr", type=float, default=DEFAULT_TRAIN_CONFIG.lr,
-                        help=f"Adam learning rate (default: {DEFAULT_TRAIN_CONFIG.lr:g})")
-    parser.add_argument("--seed", type=int, default=DEFAULT_TRAIN_CONFIG.seed)
+                             f"(default: {COLLAPSED_CONFIG.steps} L-BFGS steps on the collapsed "
+                             f"bound for gaussian meanfield, {SVI_CONFIG.steps} Adam steps "
+                             "otherwise)")
+    parser.add_argument("--lr", type=float, metavar="LR",
+                        help="Adam learning rate where the fit runs Adam (default: "
+                             f"{SVI_CONFIG.lr:g})")
+    parser.add_argument("--seed", type=int, default=SVI_CONFIG.seed)
     parser.add_argument("--time-budget", type=float, metavar="S",
                         help="stop after S seconds of optimisation")
     parser.add_argument("--out", required=True, type=Path, metavar="FILE",
@@ -73,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
         likelihood=args.likelihood,
         likelihood_options={} if args.link is None else {"link": args.link}, ard=args.ard,
         info={"features": features, "target": args.target})
-    config = replace(DEFAULT_TRAIN_CONFIG, steps=args.steps, lr=args.lr, seed=args.seed,
-                     time_budget=args.time_budget)
+    config = default_config(spec.method)
+    config = replace(config, steps=args.steps or config.steps, lr=args.lr or config.lr,
+                     seed=args.seed, time_budget=args.time_budget)
     with one_line_warnings("raise --steps"):
         fit = fit_distributed_kernel((X, y), spec, config)
     path = save_distributed_kernel(fit.predictor, args.out)
