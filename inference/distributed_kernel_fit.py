@@ -172,8 +172,8 @@ def model_data(X, y, spec: DistributedKernelSpec
                ) -> tuple[torch.Tensor, torch.Tensor, Standardisation]:
     """Validated inputs [N, D] and targets [N] in model units as tensors of the spec's dtype and
     device, and the standardisation fitted on them."""
-    X = np.asarray(torch.as_tensor(X).cpu(), dtype=np.float64)
-    y = np.asarray(torch.as_tensor(y).cpu(), dtype=np.float64)
+    X, y = (np.asarray(v.detach().cpu() if torch.is_tensor(v) else v, dtype=np.float64)
+            for v in (X, y))
     if X.ndim != 2 or y.shape != (X.shape[0],):
         raise DataError(f"expected inputs [N, D] and targets [N], got shapes {X.shape} and "
                         f"{y.shape}")

@@ -215,10 +215,12 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
             loss.backward(inputs=params)
         return loss
 
-    reference = next(iter(module.parameters()), torch.zeros(()))
+    reference = next(iter(module.parameters()), None)
+    reference = torch.zeros(()) if reference is None else reference  # a module with no parameter
     losses = torch.full((max(min(config.steps, start + 4096), 1),), math.nan,
                         dtype=reference.dtype, device=reference.device)  # grows when needed
-    losses[:start] = torch.as_tensor(result.losses[:start], dtype=losses.dtype)
+    losses[:start] = torch.as_tensor(result.losses[:start], dtype=losses.dtype,
+                                     device=losses.device)
     bar = tqdm(total=config.steps, initial=start, disable=not config.progress, desc="fit",
                leave=False)
     members = (_MemberConvergence(optimizer, module) if isinstance(optimizer, BatchedLBFGS)

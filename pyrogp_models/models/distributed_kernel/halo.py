@@ -33,7 +33,7 @@ from pyrogp_models.models.distributed_kernel.windows import halo_radius
 #: Default halo threshold ε on the window: a dropped pair has |k_j(x_i, z)| ≤ σ_f²√ε = 1e−6 σ_f².
 DEFAULT_EPS = 1e-12
 #: Builds of a planned halo between two checks of its width on the host.
-CHECK_EVERY = 5
+CHECK_EVERY = 10
 #: A planned width holds the pairs of a halo radius this many times the current one.
 RADIUS_MARGIN = 1.25
 
