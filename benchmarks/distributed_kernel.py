@@ -45,7 +45,7 @@ from _common import (  # noqa: E402
     write_json,
 )
 from pyrogp_models.inference.distributed_kernel_fit import (  # noqa: E402
-    default_config,
+    COLLAPSED_CONFIG,
     DistributedKernelSpec,
     fit_distributed_kernel,
 )
@@ -131,7 +131,7 @@ def race(X, y, Xs, ys, J: int, m: int, budget: float, batch_size: int | None = N
     default training, stopped after ``budget`` seconds if it has not converged by then."""
     def distributed_kernel() -> Fit:
         return fit_distributed_kernel((X, y), DistributedKernelSpec(J, m),
-                                      replace(default_config("solve"), time_budget=budget))
+                                      replace(COLLAPSED_CONFIG, time_budget=budget))
 
     def svgp(batch: int | None):
         spec = LocalFitSpec(J * m, batch_size=batch)

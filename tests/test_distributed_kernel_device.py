@@ -27,9 +27,7 @@ from pathlib import Path
 import pyro
 import pytest
 import torch
-from pyrogp_models import inference
 from pyro import poutine
-from pyro.infer import TraceMeanField_ELBO
 from pyrogp_models.inference.distributed_kernel_fit import (
     DistributedKernelSpec,
     build_model,
@@ -43,6 +41,7 @@ from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import pyrogp_models
+from pyrogp_models import inference
 from pyrogp_models.gaussian.linalg import deferred_checks
 from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp
 from pyrogp_models.models.distributed_kernel.halo import CHECK_EVERY
