@@ -150,7 +150,8 @@ def _relative_change(losses: torch.Tensor, step: int, window: int, noisy: bool =
 class _MemberConvergence:
     """Per-member convergence of a batched L-BFGS's objectives, judged at window ends: first the
     relative change of each member's objective since the last judgement; once every member has
-    passed that, the objectives evaluated precisely, until each is pinned at its optimum."""
+    passed that, the objectives evaluated precisely, until each is pinned at its optimum (unless
+    ``member_objectives(precise=True)`` is None: the change test is then the last)."""
 
     def __init__(self, optimizer: BatchedLBFGS, module):
         self.optimizer = optimizer
@@ -174,10 +175,11 @@ class _MemberConvergence:
         converged = self.optimizer.pinned() if self.refining else change <= (tol or 0.0)
         self.optimizer.freeze(converged)
         if tol is not None and bool(converged.all()):
-            if self.refining:
+            precise = None if self.refining else self.module.member_objectives(precise=True)
+            if precise is None:  # pinned, or no more precise objective to pin on
                 self.finished = True
             else:
-                self.optimizer.refine(self.module.member_objectives(precise=True))
+                self.optimizer.refine(precise)
                 self.refining = True
         return converged
 

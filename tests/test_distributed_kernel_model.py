@@ -231,10 +231,12 @@ def test_collapsed_bound_is_the_meanfield_optimum_with_its_gradient():
     model = grid_model([-2.0, 2.0], [-6.0, -2.0, 2.0, 6.0], 8, data=(X, y), collapsed=True)
     with torch.no_grad():
         model.kernel.lengthscale = torch.tensor(0.8)
-    parameters, objective = model.member_objectives(precise=True)[0]
+    parameters, objective = model.member_objectives()[0]
     assert {id(p) for p in parameters}.isdisjoint(
         {id(p) for p in model.layer.variational_parameters()})
-    value = -objective()
+    assert model.member_objectives(precise=True) is None      # no precise phase to pin on
+    for _ in range(5):                  # warm-started CG: a few evaluations reach its tolerance
+        value = -objective()
     grads = torch.autograd.grad(value.sum(), parameters)
     dense = collapsed.meanfield_collapsed_bound(model, X, y, model.halo(X))
     dense_grads = torch.autograd.grad(dense, parameters)

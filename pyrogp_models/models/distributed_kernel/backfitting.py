@@ -33,15 +33,18 @@ if TYPE_CHECKING:
 
 #: Relative CG residual ‖b − Hm‖/‖b‖ at which a solve stops (an unchecked solve freezes there).
 SOLVE_TOL = 1e-7
+#: Relative CG residual of the closing solve of a fit (checked, so it can run to rounding).
+FINAL_SOLVE_TOL = 1e-10
+
+
+def final_solve_tol(dtype: torch.dtype) -> float:
+    """:data:`FINAL_SOLVE_TOL`, or 16ε where the dtype cannot reach it (float32)."""
+    return max(FINAL_SOLVE_TOL, 16 * torch.finfo(dtype).eps)
+
+
 #: Warm-started CG iterations per evaluation of the collapsed bound (unchecked: every one runs,
-#: frozen once at the tolerance), and for its precise evaluation.
-OBJECTIVE_ITERATIONS, PRECISE_ITERATIONS = 30, 100
-
-
-def precise_tol(dtype: torch.dtype) -> float:
-    """The CG tolerance of the precise collapsed bound: ε^0.75 of the dtype (1e−12 in float64),
-    so that its gradient is accurate to about the rounding of the bound itself."""
-    return torch.finfo(dtype).eps ** 0.75
+#: frozen once at the tolerance).
+OBJECTIVE_ITERATIONS = 30
 
 
 def require_solvable(model: DistributedKernelGP) -> None:
