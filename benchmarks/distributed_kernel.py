@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -285,9 +286,9 @@ def defaults_on_the_command_line(n: int, n_test: int, noise: float, J: int, m: i
 
 
 def fit_summary(stdout: str) -> str:
-    """The line a fit command ends its report with (steps, convergence, seconds)."""
-    lines = [line for line in stdout.splitlines() if " steps" in line or "converged" in line]
-    return lines[-1].strip() if lines else ""
+    """Steps and convergence as the fit command reports them (e.g. "80 steps, converged")."""
+    match = re.search(r"(\d+) steps(?: \(\w+\))?, (not converged|converged)", stdout)
+    return f"{match.group(1)} steps, {match.group(2)}" if match else ""
 
 
 def race_table(rows: list[dict]) -> list[str]:
