@@ -115,7 +115,7 @@ def log_slope(xs, ys) -> float:
         (a - mx) ** 2 for a in lx)
 
 
-# 2. equal wall time ---------------------------------------------------------------------------
+# the chirp, and the equal-time race of the experiments ------------------------------------
 def chirp(x: torch.Tensor) -> torch.Tensor:
     """Detail grows along x: local frequency 0.2 + 0.03x rad per unit on [0, 100]."""
     return torch.sin(0.2 * x + 0.015 * x.square())

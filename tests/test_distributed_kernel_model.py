@@ -23,7 +23,7 @@ from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.distributed_kernel import collapsed
 from pyrogp_models.models.distributed_kernel.backfitting import backfit, solve_meanfield
 from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp
-from pyrogp_models.models.distributed_kernel.halo import full_halo
+from pyrogp_models.models.distributed_kernel.halo import CHECK_EVERY, full_halo
 from pyrogp_models.models.distributed_kernel.local_kernels import LocalKernels
 from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
 from pyrogp_models.models.distributed_kernel.regions import Regions
@@ -360,6 +360,47 @@ def test_the_halo_changes_the_objective_and_predictions_negligibly():
     full = model.latent(Xs, full_halo(200, 4))
     assert (truncated[0] - full[0]).abs().max() <= 1e-5
     assert (truncated[1] - full[1]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("cuts", [[-5.0, 0.0, 5.0], "tree"])
+def test_planned_halos_select_the_exact_pairs_and_refuse_to_overflow(cuts):
+    """Within its planned width the training halo holds exactly the pairs of the exact halo (a
+    1-D split of sorted points and a 2-D tree alike); a lengthscale grown past the margin between
+    two width checks makes the collapsed bound NaN (never a silent truncation) until the next
+    check widens the halo."""
+    X, y = gp_data(seed=17)
+    if cuts == "tree":
+        X = torch.cat([X, torch.rand(len(y), 1, generator=torch.Generator().manual_seed(0))],
+                      -1)
+        inf = math.inf
+        regions = Regions.from_boxes(torch.tensor([[-inf, -inf], [0.0, -inf], [0.0, 0.5]]),
+                                     torch.tensor([[0.0, inf], [inf, 0.5], [inf, inf]]))
+        owner = regions.owner(X)
+        Z = torch.stack([X[owner == j][:8] for j in range(3)])          # 8 own points each
+        model = DistributedKernelGP(regions, Z, RBF(2, lengthscale=1.0),
+                                    make_likelihood("gaussian", variance=NOISE), X, y,
+                                    collapsed=True)
+    else:
+        model = grid_model(cuts, [-10.0, -5.0, 0.0, 5.0, 10.0], 8, data=(X, y), collapsed=True)
+    planned, exact = model.training_halo(X), model.halo(X)
+    assert not bool(planned.overflow)
+    dense = torch.zeros(planned.num_regions, len(y), dtype=torch.bool)
+    dense[torch.arange(planned.num_regions).unsqueeze(-1).expand_as(planned.index)[planned.mask],
+          planned.index[planned.mask]] = True
+    reference = torch.zeros_like(dense)
+    reference[torch.arange(exact.num_regions).unsqueeze(-1).expand_as(exact.index)[exact.mask],
+              exact.index[exact.mask]] = True
+    assert bool((dense == reference).all())
+    with torch.no_grad():
+        model.kernel.lengthscale = torch.tensor(3.0)        # far past the 1.25 radius margin
+        builds = model._halo_plans.builds[len(y)]
+        assert builds % CHECK_EVERY != 0
+        assert math.isnan(float(model.collapsed_bound()))
+        for _ in range(CHECK_EVERY - 1 - builds % CHECK_EVERY):
+            model.collapsed_bound()
+        bound = float(model.collapsed_bound())            # after the width check
+    assert math.isfinite(bound)
+    assert abs(bound - float(model.elbo(X, y, model.halo(X)))) <= 1e-9 * abs(bound)
 
 
 def test_each_point_touches_a_bounded_number_of_regions():
