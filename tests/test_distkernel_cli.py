@@ -117,6 +117,19 @@ def test_the_defaults_converge_by_lbfgs_on_the_collapsed_bound(capsys, folder, r
     assert f"{SVI_CONFIG.steps} Adam steps otherwise" in text
 
 
+def test_a_float32_fit_predicts_like_the_float64_one(capsys, folder, regression_csv, fitted):
+    out = folder / "single.safetensors"
+    run_ok(capsys, "fit-distkernel", regression_csv, "--target", "y", "--features", "x",
+           "--regions", "3", *FIT, "--float32", "--out", out)
+    single, double = load_predictor(out), load_predictor(fitted)
+    x = np.linspace(0, 10, 50)[:, None]
+    mean32, var32 = single.predict_y(x)
+    mean64, var64 = double.predict_y(x)
+    assert bool(torch.isfinite(mean32).all() and torch.isfinite(var32).all())
+    assert float((mean32.double() - mean64).abs().max()) <= 2e-2
+    assert float((var32.double() / var64 - 1).abs().max()) <= 0.1
+
+
 def test_fitting_warns_nothing(capsys, folder, regression_csv):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

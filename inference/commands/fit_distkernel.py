@@ -13,6 +13,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+import torch
 from pyrogp_models.inference.commands.common import check_output_file, one_line_warnings
 from pyrogp_models.inference.commands.fit_local import _feature_names
 from pyrogp_models.inference.distributed_kernel_fit import (
@@ -61,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Adam learning rate where the fit runs Adam (default: "
                              f"{SVI_CONFIG.lr:g})")
     parser.add_argument("--seed", type=int, default=SVI_CONFIG.seed)
+    parser.add_argument("--float32", action="store_true", help="fit in single precision")
     parser.add_argument("--time-budget", type=float, metavar="S",
                         help="stop after S seconds of optimisation")
     parser.add_argument("--out", required=True, type=Path, metavar="FILE",
@@ -77,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         args.regions, args.inducing_per_region, dim=args.dim, variational=args.variational,
         likelihood=args.likelihood,
         likelihood_options={} if args.link is None else {"link": args.link}, ard=args.ard,
-        info={"features": features, "target": args.target})
+        info={"features": features, "target": args.target},
+        dtype=torch.float32 if args.float32 else torch.float64)
     config = default_config(spec.method)
     config = replace(config, steps=args.steps or config.steps, lr=args.lr or config.lr,
                      seed=args.seed, time_budget=args.time_budget)
