@@ -41,9 +41,10 @@ from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.models.distributed_kernel.backfitting import (
-    final_solve_tol,
+    FINAL_SOLVE_TOL,
     require_solvable,
     solve_meanfield,
+    solve_tol,
 )
 from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp
 from pyrogp_models.models.distributed_kernel.files import DistributedKernelPredictor
@@ -157,8 +158,8 @@ def train_distributed_kernel(model: DistributedKernelGP, method: str,
                              config: TrainConfig | None = None) -> TrainResult:
     """Train a model with its data bound, in place, by ``method`` (module docstring): ``"svi"``,
     or ``"solve"``: the model collapsed, and a checked solve to
-    :func:`~pyrogp_models.models.distributed_kernel.backfitting.final_solve_tol` after the last
-    step. ``config`` defaults to :func:`default_config`."""
+    :data:`~pyrogp_models.models.distributed_kernel.backfitting.FINAL_SOLVE_TOL` (or the dtype's
+    rounding) after the last step. ``config`` defaults to :func:`default_config`."""
     config = config or default_config(method)
     if method == "solve" and config.natural_gradient_lr is not None:
         raise ValueError("method='solve' sets q itself; natural_gradient_lr needs method='svi'")
@@ -168,7 +169,7 @@ def train_distributed_kernel(model: DistributedKernelGP, method: str,
     result = train(model, config=config)
     if model.collapsed:
         X, y = model.bound_data()
-        solve_meanfield(model, X, y, tol=final_solve_tol(X.dtype))
+        solve_meanfield(model, X, y, tol=solve_tol(X.dtype, FINAL_SOLVE_TOL))
     return result
 
 

@@ -31,15 +31,14 @@ from pyrogp_models.models.distributed_kernel.projections import (
 if TYPE_CHECKING:
     from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
 
-#: Relative CG residual ‖b − Hm‖/‖b‖ at which a solve stops (an unchecked solve freezes there).
-SOLVE_TOL = 1e-7
-#: Relative CG residual of the closing solve of a fit (checked, so it can run to rounding).
-FINAL_SOLVE_TOL = 1e-10
+#: Relative CG residual ‖b − Hm‖/‖b‖ at which a solve inside the collapsed bound freezes, and at
+#: which the closing solve of a fit (checked, so it can run to rounding) stops.
+SOLVE_TOL, FINAL_SOLVE_TOL = 1e-7, 1e-10
 
 
-def final_solve_tol(dtype: torch.dtype) -> float:
-    """:data:`FINAL_SOLVE_TOL`, or 16ε where the dtype cannot reach it (float32)."""
-    return max(FINAL_SOLVE_TOL, 16 * torch.finfo(dtype).eps)
+def solve_tol(dtype: torch.dtype, target: float = SOLVE_TOL) -> float:
+    """``target``, or 16ε where the dtype cannot reach it (float32: 1.9e−6)."""
+    return max(target, 16 * torch.finfo(dtype).eps)
 
 
 #: Warm-started CG iterations per evaluation of the collapsed bound (unchecked: every one runs,

@@ -268,7 +268,7 @@ class DistributedKernelGP(PyroModule):
         X, y = self.bound_data()
         projections = self.projections(X, self.training_halo(X))
         backfitting.solve_meanfield(self, X, y, max_iters=backfitting.OBJECTIVE_ITERATIONS,
-                                    tol=backfitting.SOLVE_TOL, projections=projections,
+                                    tol=backfitting.solve_tol(X.dtype), projections=projections,
                                     checked=False)
         bound = self.elbo(X, y, projections=projections)
         return torch.where(projections[0].overflow, math.nan, bound)
