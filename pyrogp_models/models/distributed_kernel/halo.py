@@ -18,7 +18,8 @@ selected afresh on the device at every build, within that width, and every
 :data:`CHECK_EVERY` builds the width is set again on the host (one read) to what a radius
 :data:`RADIUS_MARGIN` times larger needs. A halo records on the device whether its pairs
 overflowed the width (``overflow``: only if ℓ grew by more than the margin between two checks),
-so an objective can refuse that evaluation instead of silently dropping pairs.
+so an objective can refuse that evaluation instead of silently dropping pairs (the L-BFGS
+objective of the distributed-kernel GP does; an SVI step misses those pairs).
 """
 
 from __future__ import annotations

@@ -264,14 +264,23 @@ class DistributedKernelGP(PyroModule):
 
     def collapsed_bound(self) -> torch.Tensor:
         """F_MF(θ, Z, cuts) on the bound data, q set to its optimum on the way (module
-        docstring); NaN if the planned halo overflowed (an optimiser then rejects the step)."""
+        docstring)."""
+        return self._collapsed_bound()[0]
+
+    def _collapsed_bound(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """F_MF and whether the planned halo overflowed (then F_MF missed pairs: a lengthscale
+        grew past the margin since the last width check)."""
         X, y = self.bound_data()
         projections = self.projections(X, self.training_halo(X))
         backfitting.solve_meanfield(self, X, y, max_iters=backfitting.OBJECTIVE_ITERATIONS,
                                     tol=backfitting.solve_tol(X.dtype), projections=projections,
                                     checked=False)
-        bound = self.elbo(X, y, projections=projections)
-        return torch.where(projections[0].overflow, math.nan, bound)
+        return self.elbo(X, y, projections=projections), projections[0].overflow
+
+    def _lbfgs_objective(self) -> torch.Tensor:
+        """−F_MF [1], NaN where the halo overflowed, so that L-BFGS rejects that step."""
+        bound, overflow = self._collapsed_bound()
+        return torch.where(overflow, math.nan, -bound).reshape(1)
 
     def member_objectives(self, precise: bool = False) -> list | None:
         """One member for the batched L-BFGS of the trainer: (the parameters but q, −F_MF) when
@@ -284,7 +293,7 @@ class DistributedKernelGP(PyroModule):
         if self.collapsed:
             owned = {id(p) for p in self.layer.variational_parameters()}
             parameters = [p for p in self.parameters() if p.requires_grad and id(p) not in owned]
-            return [(parameters, lambda: -self.collapsed_bound().reshape(1))]
+            return [(parameters, self._lbfgs_objective)]
         if self.batch_size is not None:
             raise ValueError("L-BFGS needs full batches; minibatches train with Adam")
         return [([p for p in self.parameters() if p.requires_grad],
