@@ -11,15 +11,15 @@ fraction)) instead of O(n J m²). When all cuts lie along one dimension and the 
 along it, each region's pairs are one contiguous run found by binary search (O(J log n)); otherwise
 a box test over all (point, region) pairs costs O(n J A) cheap comparisons.
 
-**No host reads in a training step.** The pairs depend on ℓ and the cuts, which move at every
-step, and the padded width P = max_j |D_j| is a shape, which the host must know. A
-:class:`HaloPlans` therefore fixes the width of the halos of the training data: the pairs are
-selected afresh on the device at every build, within that width, and every
-:data:`CHECK_EVERY` builds the width is set again on the host (one read) to what a radius
-:data:`RADIUS_MARGIN` times larger needs. A halo records on the device whether its pairs
-overflowed the width (``overflow``: only if ℓ grew by more than the margin between two checks),
-so an objective can refuse that evaluation instead of silently dropping pairs (the L-BFGS
-objective of the distributed-kernel GP does; an SVI step misses those pairs).
+**No host reads in a training step.** The pairs depend on ℓ and the cuts, which move at every step,
+and the padded width P = max_j |D_j| is a shape, which the host must know. A :class:`HaloPlans`
+therefore fixes the width of the halos of the training data: the pairs are selected afresh on the
+device at every build, within that width, and every :data:`CHECK_EVERY` builds the width is set
+again on the host (one read) to what a radius :data:`RADIUS_MARGIN` times larger needs, or to the
+most any build since the last check needed. A halo records on the device whether its pairs
+overflowed the width (``overflow``: only if ℓ grew by more than the margin between two checks), so
+an objective can refuse that evaluation instead of silently dropping pairs (the L-BFGS objective of
+the distributed-kernel GP does; an SVI step misses those pairs).
 """
 
 from __future__ import annotations
@@ -161,17 +161,20 @@ def build_halo(X: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
 @torch.no_grad()
 def planned_width(X: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
                   lengthscale: torch.Tensor, active_dims: list[int], eps: float,
-                  sorted_points: bool, spread: bool) -> int:
+                  sorted_points: bool, spread: bool, seen: torch.Tensor | None = None) -> int:
     """The width for the halos of X: the largest count of a radius :data:`RADIUS_MARGIN` times
-    the current one (one value read back); with ``spread`` (X is a random subsample, drawn
-    anew at every step) three Poisson standard deviations more."""
+    the current one, or the largest count ``seen`` since the last check if more (the points
+    evaluated in between, e.g. an optimiser's trials, may have needed more); one value read
+    back. With ``spread`` (X is a random subsample, drawn anew at every step) three Poisson
+    standard deviations more."""
     grown_lower, grown_upper = _grown_boxes(lower, upper, lengthscale, eps, RADIUS_MARGIN)
     x = X[:, active_dims]
     if len(active_dims) == 1 and sorted_points:
         counts = _run_counts(x[:, 0].contiguous(), grown_lower, grown_upper)[1]
     else:
         counts = _inside(x, grown_lower, grown_upper).sum(-1)
-    largest = int(counts.max())
+    largest = counts.max() if seen is None else torch.maximum(counts.max(), seen)
+    largest = int(largest)
     if spread:
         largest += math.ceil(3.0 * math.sqrt(largest))
     return max(largest, 1)
@@ -187,6 +190,7 @@ class HaloPlans:
     sorted_points: bool
     widths: dict[int, int] = field(default_factory=dict)
     builds: dict[int, int] = field(default_factory=dict)
+    seen: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def build(self, X: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
               lengthscale: torch.Tensor, active_dims: list[int], eps: float,
@@ -198,10 +202,14 @@ class HaloPlans:
         builds = self.builds.get(size, 0)
         if builds % CHECK_EVERY == 0:
             self.widths[size] = planned_width(X, lower, upper, lengthscale, active_dims, eps,
-                                              self.sorted_points, subsample)
+                                              self.sorted_points, subsample,
+                                              self.seen.pop(size, None))
         self.builds[size] = builds + 1
-        return build_halo(X, lower, upper, lengthscale, active_dims, eps, self.widths[size],
+        halo = build_halo(X, lower, upper, lengthscale, active_dims, eps, self.widths[size],
                           self.sorted_points)
+        seen = self.seen.get(size)
+        self.seen[size] = halo.required if seen is None else torch.maximum(seen, halo.required)
+        return halo
 
 
 @torch.no_grad()
