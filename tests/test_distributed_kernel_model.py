@@ -404,6 +404,23 @@ def test_planned_halos_select_the_exact_pairs_and_refuse_to_overflow(cuts):
     assert abs(bound - float(model.elbo(X, y, model.halo(X)))) <= 1e-9 * abs(bound)
 
 
+def test_a_width_check_keeps_room_for_the_halos_seen_since_the_last():
+    """A check made at a short lengthscale (say, an optimiser's rejected trial) keeps the width
+    that the longer lengthscales evaluated before it needed, so the next evaluations there do not
+    overflow."""
+    X, y = gp_data(seed=18)
+    model = grid_model(*FOUR, 8, data=(X, y))
+    for _ in range(CHECK_EVERY):
+        wide = model.training_halo(X)
+    with torch.no_grad():
+        model.kernel.lengthscale = torch.tensor(0.2)
+    narrow = model.training_halo(X)                      # the check, at the short lengthscale
+    assert narrow.index.shape[1] >= int(wide.required) > int(narrow.required)
+    with torch.no_grad():
+        model.kernel.lengthscale = torch.tensor(1.0)
+    assert not bool(model.training_halo(X).overflow)
+
+
 def test_each_point_touches_a_bounded_number_of_regions():
     """The point of the halo: O(n m²) pairs, not O(n J m²), when regions are wider than ℓ."""
     x = torch.linspace(0, 400, 4000).unsqueeze(-1)
