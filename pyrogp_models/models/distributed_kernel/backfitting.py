@@ -164,14 +164,13 @@ def solve_meanfield(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor
     instead, warm-started from the current ``q_mean``.
     A matrix–vector product with H costs O(Σ_j |D_j| m) through the halo; the preconditioner
     O(J m²); all regions at once. Covariances are set to B̃_jj⁻¹ as in :func:`backfit`.
-    ``projections`` reuses :meth:`DistributedKernelGP.projections` output.
+    ``projections`` reuses the output of the model's ``projections``.
 
     ``checked`` (the final solve): the residual is read back after every iteration and the solve
-    stops once ‖r‖ ≤ tol‖b‖. Unchecked (inside the collapsed bound,
-    :meth:`DistributedKernelGP.collapsed_bound`): exactly ``max_iters`` iterations and nothing
-    read back; the same test runs on the device and gives the converged iterations steps of
-    length zero (``torch.where``), freezing the solution. A non-finite warm start (left by a
-    failed evaluation) restarts from zero.
+    stops once ‖r‖ ≤ tol‖b‖. Unchecked (inside the model's ``collapsed_bound``): exactly
+    ``max_iters`` iterations and nothing read back; the same test runs on the device and gives
+    the converged iterations steps of length zero (``torch.where``), freezing the solution. A
+    non-finite warm start (left by a failed evaluation) restarts from zero.
     """
     require_solvable(model)
     noise = model.likelihood.variance.detach()

@@ -25,7 +25,7 @@ the distributed-kernel GP does; an SVI step misses those pairs).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -180,17 +180,17 @@ def planned_width(X: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
     return max(largest, 1)
 
 
-@dataclass
 class HaloPlans:
     """Widths of the halos of one set of training inputs and of its sorted random subsamples,
     one width per number of points, set on the host every :data:`CHECK_EVERY` builds (module
     docstring). ``sorted_points``: whether the training inputs are sorted along the one active
     dimension (then so is every sorted subsample)."""
 
-    sorted_points: bool
-    widths: dict[int, int] = field(default_factory=dict)
-    builds: dict[int, int] = field(default_factory=dict)
-    seen: dict[int, torch.Tensor] = field(default_factory=dict)
+    def __init__(self, sorted_points: bool):
+        self.sorted_points = sorted_points
+        self.widths: dict[int, int] = {}           # per number of points: the planned width
+        self.builds: dict[int, int] = {}           # builds so far
+        self.seen: dict[int, torch.Tensor] = {}    # largest count since the last check
 
     def build(self, X: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
               lengthscale: torch.Tensor, active_dims: list[int], eps: float,
