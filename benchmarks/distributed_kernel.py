@@ -5,16 +5,16 @@
    ``--repeats`` rounds that interleave the J values. With the halo every point touches ~1–2
    regions, so the cost is O(n m²) and flat in J; the same objective with every (point, region)
    pair kept (no halo) costs O(n J m²) and is timed for the smaller J where it fits in memory.
-2. Equal wall time. A function whose detail grows along x (a chirp), n = 10⁵ noisy training
-   points, 10⁴ test points: the distributed-kernel GP (J regions × m, ``fit_distributed_kernel``
-   with its default training: Adam on θ, Z and the cuts, q solved by conjugate gradients before
-   each step) against one SVGP with the same total M = J·m inducing inputs on its best recipe —
-   the library's default, the collapsed bound by L-BFGS on all n points (q(u) at its optimum) —
-   and, for the case the collapsed bound does not cover (minibatches), the minibatch SVGP with
-   natural-gradient steps on q(u) and Adam on the rest (``fit_local``'s default with
-   ``batch_size``). Every model starts from its own default initialisation and trains until its
-   convergence test passes or ``--budget`` seconds have passed. Test NLPD (noise included) and
-   RMSE; wall and CPU seconds (on a shared machine CPU < wall: the share the fit got).
+2. Defaults on the command line. A series whose detail grows along x (a chirp), n = 5·10⁴ noisy
+   training points and 10⁴ test points in CSV files: ``pyrogp fit-distkernel --regions J
+   --inducing-per-region m`` against ``pyrogp fit-local --partitions 1 --inducing J·m`` (one
+   SVGP with the same total M on the collapsed bound), both with every training default, one
+   torch thread each (the command line's default), run side by side as two processes so that
+   the machine's load hits both alike; each one's wall and CPU seconds, then test NLPD (noise
+   included) and RMSE from ``pyrogp evaluate``. The load average is sampled during the run.
+
+The equal-time race of :func:`race` (every model stopped after the same wall-clock budget) serves
+the experiments (``distributed_kernel_experiments.py``).
 
 Prints markdown tables and writes ``distributed_kernel.json`` and ``.md`` (``--out``; default
 ``benchmarks/results/``). Run: ``python benchmarks/distributed_kernel.py [--quick]``.
@@ -23,13 +23,19 @@ Prints markdown tables and writes ``distributed_kernel.json`` and ``.md`` (``--o
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +51,7 @@ from _common import (  # noqa: E402
     write_json,
 )
 from pyrogp_models.inference.distributed_kernel_fit import (  # noqa: E402
-    DEFAULT_TRAIN_CONFIG,
+    COLLAPSED_CONFIG,
     DistributedKernelSpec,
     fit_distributed_kernel,
 )
@@ -109,7 +115,7 @@ def log_slope(xs, ys) -> float:
         (a - mx) ** 2 for a in lx)
 
 
-# 2. equal wall time ---------------------------------------------------------------------------
+# the chirp, and the equal-time race of the experiments ------------------------------------
 def chirp(x: torch.Tensor) -> torch.Tensor:
     """Detail grows along x: local frequency 0.2 + 0.03x rad per unit on [0, 100]."""
     return torch.sin(0.2 * x + 0.015 * x.square())
@@ -131,7 +137,7 @@ def race(X, y, Xs, ys, J: int, m: int, budget: float, batch_size: int | None = N
     default training, stopped after ``budget`` seconds if it has not converged by then."""
     def distributed_kernel() -> Fit:
         return fit_distributed_kernel((X, y), DistributedKernelSpec(J, m),
-                                      replace(DEFAULT_TRAIN_CONFIG, time_budget=budget))
+                                      replace(COLLAPSED_CONFIG, time_budget=budget))
 
     def svgp(batch: int | None):
         spec = LocalFitSpec(J * m, batch_size=batch)
@@ -185,6 +191,106 @@ def evaluate(mean, var_y, ys) -> dict:
     return {"nlpd": nlpd(log_density.numpy()), "rmse": rmse(ys.numpy(), mean.numpy())}
 
 
+# 2. defaults on the command line ----------------------------------------------------------------
+def write_chirp_csv(folder: Path, n: int, n_test: int, noise: float) -> tuple[Path, Path]:
+    """train.csv and test.csv (columns x, y) of the chirp."""
+    X, y, Xs, ys = chirp_data(n, n_test, noise)
+    paths = folder / "train.csv", folder / "test.csv"
+    for path, inputs, targets in zip(paths, (X, Xs), (y, ys), strict=True):
+        np.savetxt(path, np.column_stack([inputs[:, 0].numpy(), targets.numpy()]), delimiter=",",
+                   header="x,y", comments="", fmt="%.12g")
+    return paths
+
+
+def pyrogp_command(*args) -> list[str]:
+    return [sys.executable, "-m", "pyrogp_models.inference.cli", *map(str, args)]
+
+
+def side_by_side(commands: dict[str, list[str]], sample_every: float = 5.0) -> dict[str, dict]:
+    """Run the commands as concurrent processes; each one's wall and CPU seconds (its own and
+    its children's, from ``wait4``), stdout and stderr, and the load average sampled every
+    ``sample_every`` seconds while any runs."""
+    start = time.perf_counter()
+    running, outputs = {}, {}
+    for name, command in commands.items():
+        stdout, stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        running[name] = subprocess.Popen(command, cwd=ROOT, stdout=stdout, stderr=stderr,
+                                         text=True)
+        outputs[name] = (stdout, stderr)
+    results, loads = {}, []
+    while len(results) < len(commands):
+        for name, process in running.items():
+            if name in results:
+                continue
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                stdout, stderr = outputs[name]
+                stdout.seek(0)
+                stderr.seek(0)
+                results[name] = {"wall_seconds": time.perf_counter() - start,
+                                 "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                                 "returncode": os.waitstatus_to_exitcode(status),
+                                 "stdout": stdout.read(), "stderr": stderr.read()}
+        loads.append(load_average())
+        time.sleep(sample_every)
+    for name, result in results.items():
+        if result["returncode"] != 0:
+            raise SystemExit(f"{name} failed:\n{result['stderr']}")
+        result["load_samples"] = loads
+    return results
+
+
+def evaluate_file(model: Path, test: Path) -> dict:
+    """Test NLPD and RMSE of a saved model from ``pyrogp evaluate --json``."""
+    done = subprocess.run(pyrogp_command("evaluate", model, "--data", test, "--target", "y",
+                                         "--json"), cwd=ROOT, capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def defaults_on_the_command_line(n: int, n_test: int, noise: float, J: int, m: int) -> dict:
+    """Part 2 (module docstring): both fits with their defaults, side by side."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        train, test = write_chirp_csv(folder, n, n_test, noise)
+        names = {"distributed": f"fit-distkernel --regions {J} --inducing-per-region {m}",
+                 "svgp": f"fit-local --partitions 1 --inducing {J * m}"}
+        commands = {
+            "distributed": pyrogp_command("fit-distkernel", train, "--target", "y", "--regions",
+                                          J, "--inducing-per-region", m, "--out",
+                                          folder / "dk.safetensors"),
+            "svgp": pyrogp_command("fit-local", train, "--target", "y", "--partitions", 1,
+                                   "--inducing", J * m, "--out", folder / "svgp")}
+        load_start = load_average()
+        runs = side_by_side(commands)
+        load_end = load_average()
+        scores = {"distributed": evaluate_file(folder / "dk.safetensors", test),
+                  "svgp": evaluate_file(folder / "svgp", test)}
+    rows = []
+    for key, run in runs.items():
+        rows.append({"model": names[key], "M": J * m, "wall_seconds": run["wall_seconds"],
+                     "cpu_seconds": run["cpu_seconds"], "nlpd": scores[key]["nlpd"],
+                     "rmse": scores[key]["rmse"], "summary": fit_summary(run["stdout"]),
+                     "warnings": [line for line in run["stderr"].splitlines()
+                                  if "warning" in line.lower()]})
+        print(f"  {names[key]}: {run['wall_seconds']:.1f} s wall, {run['cpu_seconds']:.1f} s "
+              f"CPU, test NLPD {scores[key]['nlpd']:.4f}", flush=True)
+    distributed, svgp = rows
+    samples = [load[0] for load in runs["svgp"]["load_samples"] if load]
+    return {"n_train": n, "n_test": n_test, "noise": noise, "J": J, "m": m, "results": rows,
+            "wall_ratio": distributed["wall_seconds"] / svgp["wall_seconds"],
+            "cpu_ratio": distributed["cpu_seconds"] / svgp["cpu_seconds"],
+            "nlpd_difference": distributed["nlpd"] - svgp["nlpd"],
+            "load_average_start": load_start, "load_average_end": load_end,
+            "load_1min_median": median(samples) if samples else None}
+
+
+def fit_summary(stdout: str) -> str:
+    """Steps and convergence as the fit command reports them (e.g. "80 steps, converged")."""
+    match = re.search(r"(\d+) steps(?: \(\w+\))?, (not converged|converged)", stdout)
+    return f"{match.group(1)} steps, {match.group(2)}" if match else ""
+
+
 def race_table(rows: list[dict]) -> list[str]:
     """Markdown lines: one row per contender of a race (with its data set when given)."""
     data = "data" in rows[0]
@@ -200,16 +306,15 @@ def race_table(rows: list[dict]) -> list[str]:
 
 def markdown(report: dict) -> str:
     machine, settings = report["machine"], report["settings"]
-    cost, race_record = report["cost_versus_regions"], report["equal_time"]
-    rows = race_record["results"]
+    cost, defaults = report["cost_versus_regions"], report["defaults"]
     lines = ["# Distributed-kernel GP benchmark", "",
              f"Commit {machine['commit']} (uncommitted changes: {machine['dirty']}; "
              f"pyrogp_models {machine['pyrogp_models']}); torch {machine['torch']}, "
              f"{machine['torch_threads']} thread(s), float64; load average "
              f"{machine['load_average']} at the start, {machine['load_average_end']} at the end. "
              "A shared 2-core machine: part 1 reports medians over rounds that interleave the J "
-             "values; part 2 is one fit per model, with its CPU seconds next to its wall seconds "
-             "(the share of the machine it got).", "",
+             "values; part 2 runs both fits side by side, with their CPU seconds next to their "
+             "wall seconds (the share of the machine each got).", "",
              f"## 1. One objective + gradient at n = {settings['n']}, m = {settings['m']}", ""]
     lines += markdown_table(
         ["J", "pairs / point", "CPU s, halo", "wall s, halo", "CPU µs per pair",
@@ -220,26 +325,20 @@ def markdown(report: dict) -> str:
             if "median_cpu_no_halo" in r else ("—", "—"))] for r in cost])
     lines += ["", f"Log–log slope of CPU time in J: {report['slope_with_halo']:.2f} with the halo "
               f"(J ≥ 4), {report['slope_every_pair']:.2f} with every pair (O(n J m²) would be 1).",
-              "", f"## 2. Equal wall time on the chirp (n = {race_record['n_train']}, "
-              f"{race_record['n_test']} test points, noise variance {race_record['noise']}; "
-              f"budget {race_record['budget_seconds']:.0f} s of training each)", ""]
-    lines += race_table(rows)
-    lines += ["", "Each model trains with the library's defaults from its own default "
-              "initialisation and stops at its convergence test or at the budget. The SVGP "
-              "rows are its best recipe (the collapsed bound by L-BFGS, the library default) "
-              "and the minibatch recipe (natural-gradient steps on q(u), Adam on the rest). "
-              + race_summary(rows), ""]
+              "", f"## 2. Defaults on the command line: the chirp, n = {defaults['n_train']} "
+              f"({defaults['n_test']} test points, noise variance {defaults['noise']}), "
+              f"M = {defaults['J'] * defaults['m']} each", ""]
+    lines += markdown_table(
+        ["command", "wall s", "CPU s", "test NLPD", "test RMSE", "fit"],
+        [[f"`pyrogp {r['model']}`", f"{r['wall_seconds']:.1f}", f"{r['cpu_seconds']:.1f}",
+          f"{r['nlpd']:.4f}", f"{r['rmse']:.4f}", r["summary"]] for r in defaults["results"]])
+    lines += ["", f"Both commands with every training default, one torch thread each, run at the "
+              f"same time (load average {defaults['load_average_start']} at the start, "
+              f"{defaults['load_average_end']} at the end, median 1-minute load "
+              f"{defaults['load_1min_median']} during the run). The distributed kernel took "
+              f"{defaults['wall_ratio']:.2f}× the SVGP's wall time ({defaults['cpu_ratio']:.2f}× "
+              f"its CPU time); its test NLPD differs by {defaults['nlpd_difference']:+.4f}.", ""]
     return "\n".join(lines)
-
-
-def race_summary(rows: list[dict]) -> str:
-    """One sentence: the first contender's test NLPD against every other's."""
-    first, others = rows[0], rows[1:]
-    return (f"Test NLPD of the {first['model']}: {first['nlpd']:.3f}; "
-            + "; ".join(f"{r['model']}: {r['nlpd']:.3f} ({r['nlpd'] - first['nlpd']:+.3f}, "
-                        f"{r['steps']} steps, "
-                        f"{'converged' if r['converged'] else 'stopped by the budget'})"
-                        for r in others) + ".")
 
 
 def main(argv=None) -> dict:
@@ -248,8 +347,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (1: stable timings on a shared machine)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--budget", type=float, default=60.0,
-                        help="seconds of training per model (part 2)")
+    parser.add_argument("--noise", type=float, default=0.04,
+                        help="noise variance of the chirp of part 2")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (the report is written next to it as .md)")
     args = parser.parse_args(argv)
@@ -261,7 +360,6 @@ def main(argv=None) -> dict:
     regions = [1, 4, 16, 64] if args.quick else [1, 4, 16, 64, 256]
     full_regions = [2, 4] if args.quick else [2, 4, 8]    # J = 1 has no window to evaluate
     regions = sorted(set(regions) | set(full_regions))
-    budget = 10.0 if args.quick else args.budget
     report = {"machine": machine_info(),
               "settings": vars(args) | {"out": str(out), "n": n, "m": m, "dtype": "float64"}}
 
@@ -275,12 +373,10 @@ def main(argv=None) -> dict:
                "slope_every_pair": log_slope([r["J"] for r in full],
                                              [r["median_cpu_no_halo"] for r in full])}
 
-    print(f"## 2. Equal wall time ({budget:.0f} s each) on the chirp", flush=True)
-    J, m2 = (16, 16) if args.quick else (32, 16)
-    X, y, Xs, ys = chirp_data(n, 10000, noise=0.01)
-    report["equal_time"] = {"n_train": n, "n_test": 10000, "noise": 0.01,
-                            "budget_seconds": budget,
-                            "results": race(X, y, Xs, ys, J, m2, budget, batch_size=1000)}
+    print("## 2. Defaults on the command line, side by side", flush=True)
+    n_cli, J, m_cli = (4000, 8, 8) if args.quick else (50000, 16, 16)
+    report["defaults"] = defaults_on_the_command_line(n_cli, 10000 if not args.quick else 2000,
+                                                      args.noise, J, m_cli)
     report["machine"]["load_average_end"] = load_average()
     text = markdown(report)
     print(text)

@@ -42,7 +42,7 @@ from _common import (  # noqa: E402
     write_json,
 )
 from pyrogp_models.inference.distributed_kernel_fit import (  # noqa: E402
-    DEFAULT_TRAIN_CONFIG,
+    COLLAPSED_CONFIG,
     train_distributed_kernel,
 )
 
@@ -95,7 +95,7 @@ def demo_fit(X, y, cuts, m_per_region, steps: int | None):
     model = DistributedKernelGP(regions, Z, RBF(1, lengthscale=0.7, variance=1.0),
                                 make_likelihood("gaussian", variance=0.1), X, y)
     before_Z = model.inducing.detach().clone()
-    config = DEFAULT_TRAIN_CONFIG if steps is None else replace(DEFAULT_TRAIN_CONFIG, steps=steps)
+    config = COLLAPSED_CONFIG if steps is None else replace(COLLAPSED_CONFIG, steps=steps)
     Xs = torch.linspace(-0.5, 6.5, 400).unsqueeze(-1)
     # stage 1: hyperparameters with Z frozen (the "before" picture), stage 2: Z as well
     bounds, predictions = [], []

@@ -1,22 +1,28 @@
-"""Fitting a distributed-kernel GP with the library's trainer: Pyro SVI, or SVI on everything but q
-with q solved in closed form (Gaussian likelihood, mean-field q).
+"""Fitting a distributed-kernel GP with the library's trainer: L-BFGS on the collapsed mean-field
+bound (Gaussian likelihood, mean-field q), or Pyro SVI.
 
 ``fit_distributed_kernel((X, y), spec, config)`` standardises the data (inputs, and the targets of
 location–scale likelihoods), cuts one input into J regions at data quantiles (unless the spec
 gives its own regions), builds a :class:`~pyrogp_models.models.distributed_kernel.model.
-DistributedKernelGP` with the standardised data bound and trains it with
+DistributedKernelGP` with the standardised data bound (sorted along the cut input, so that each
+region's halo is one run of points) and trains it with
 :func:`pyrogp_models.inference.trainer.train`. Two schemes, both maximising the mean-field (or
 joint) ELBO:
 
+- ``method="solve"`` (Gaussian, mean-field, full batch; the default there): the model is
+  collapsed (:meth:`~pyrogp_models.models.distributed_kernel.model.DistributedKernelGP.
+  collapsed_bound`): every evaluation sets q to its optimum for the current (θ, Z, cuts) by
+  warm-started preconditioned conjugate gradients, so the objective is the collapsed mean-field
+  bound F_MF(θ, Z, cuts), deterministic and smooth, and its gradient that of the ELBO at that q
+  (envelope theorem). The trainer's batched L-BFGS minimises it
+  (:data:`~pyrogp_models.inference.train_config.DISTRIBUTED_KERNEL_COLLAPSED_CONFIG`: one
+  evaluation per step, nothing read back to the host) until the bound changes by less than
+  1e-6 (relative) over 10 steps. After training one more solve, checked and run to tolerance,
+  sets q to the optimum.
 - ``method="svi"``: Pyro's ``TraceMeanField_ELBO`` of ``model``/``guide`` over all parameters
-  (q, Z, ℓ, σ_f², likelihood, cuts); any likelihood; minibatches via ``batch_size``.
-- ``method="solve"`` (Gaussian, mean-field, full batch; the default there): before every
-  optimiser step the pre-step hook :class:`ConjugateGradientSolve` moves q towards its optimum for
-  the current (θ, Z, cuts) by warm-started preconditioned conjugate gradients (O(n m) per
-  iteration after one O(n m²) projection), and the optimiser steps on (θ, Z, cuts) along the
-  gradient of the ELBO at that q. At the optimum ∂ELBO/∂q = 0, so this is the gradient of the
-  collapsed mean-field bound (envelope theorem): the optimiser never has to chase q. After
-  training one more solve, checked and run to tolerance, sets q to the optimum.
+  (q, Z, ℓ, σ_f², likelihood, cuts) by Adam
+  (:data:`~pyrogp_models.inference.train_config.DISTRIBUTED_KERNEL_SVI_CONFIG`); any
+  likelihood; minibatches via ``batch_size``.
 
 The initial lengthscale (standardised units) is min(1, range/(2·MIN_WIDTH·J)) along the cut
 dimension, so that every region starts at least MIN_WIDTH = 2 lengthscales wide (narrower regions
@@ -30,7 +36,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.train_config import DISTRIBUTED_KERNEL_CONFIG, TrainConfig
+from pyrogp_models.inference.train_config import (
+    DISTRIBUTED_KERNEL_COLLAPSED_CONFIG,
+    DISTRIBUTED_KERNEL_SVI_CONFIG,
+    TrainConfig,
+)
 from pyrogp_models.inference.trainer import TrainResult, train
 
 from pyrogp_models.data import Standardisation, require_finite
@@ -38,7 +48,12 @@ from pyrogp_models.data.columns import Columns
 from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.likelihoods import LIKELIHOODS
-from pyrogp_models.models.distributed_kernel.backfitting import solve_meanfield
+from pyrogp_models.models.distributed_kernel.backfitting import (
+    FINAL_SOLVE_TOL,
+    require_solvable,
+    solve_meanfield,
+    solve_tol,
+)
 from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp
 from pyrogp_models.models.distributed_kernel.files import DistributedKernelPredictor
 from pyrogp_models.models.distributed_kernel.halo import DEFAULT_EPS
@@ -48,16 +63,6 @@ from pyrogp_models.models.distributed_kernel.regions import Regions, split_dimen
 METHODS = ("solve", "svi")
 #: Each region starts at least this many initial lengthscales wide.
 MIN_WIDTH = 2.0
-#: Warm-started CG iterations per training step of the ``"solve"`` scheme. The checked solve to
-#: 10⁻⁷ it replaced took ~24 per step on a chirp (n = 2·10⁴, J = m = 16); 15 reach its ELBO after
-#: 100 steps to 10⁻⁵ relative, at about 0.9× its cost per step.
-HOOK_ITERATIONS = 15
-#: Relative CG residual ‖b − Hm‖/‖b‖ at which a solve stops (the hook freezes, the final solve
-#: returns).
-SOLVE_TOL = 1e-7
-#: The training defaults (a warning says when the step limit stops a fit first):
-#: :data:`~pyrogp_models.inference.train_config.DISTRIBUTED_KERNEL_CONFIG`.
-DEFAULT_TRAIN_CONFIG = DISTRIBUTED_KERNEL_CONFIG
 
 
 @dataclass
@@ -87,6 +92,7 @@ class DistributedKernelSpec:
     halo_eps: float = DEFAULT_EPS
     jitter: float = DEFAULT_JITTER
     learn_inducing: bool = True
+    learn_cuts: bool = False
     regions: Regions | None = None
     lengthscale: float | torch.Tensor | None = None
     columns: Columns = field(default_factory=Columns)
@@ -128,42 +134,13 @@ class DistributedKernelFit(Fit):
     predictor: DistributedKernelPredictor
 
 
-class ConjugateGradientSolve:
-    """A pre-step hook of :func:`pyrogp_models.inference.trainer.train`: q(v) of a mean-field
-    Gaussian :class:`DistributedKernelGP` moved towards its optimum for the current θ, Z and cuts by
-    ``iterations`` warm-started CG iterations (:func:`solve_meanfield`, unchecked: nothing is read
-    back to the host). The projections it solves with are computed with gradients and kept for the
-    step's loss (:meth:`DistributedKernelGP.keep_projections`), so a step projects the data once.
-    ``parameters`` are the layer's variational parameters, which the optimiser then leaves
-    alone."""
-
-    def __init__(self, model: DistributedKernelGP, iterations: int = HOOK_ITERATIONS,
-                 tol: float = SOLVE_TOL):
-        if model.variational != "meanfield" or model.likelihood.name != "gaussian":
-            raise ValueError("the conjugate-gradient solve needs mean-field q and a Gaussian "
-                             "likelihood")
-        if model.batch_size is not None:
-            raise ValueError("the conjugate-gradient solve uses all data; minibatches need SVI")
-        self.model = model
-        self.iterations = iterations
-        self.tol = tol
-        self.parameters = model.layer.variational_parameters()
-
-    def __call__(self, loss_fn) -> None:
-        X, y = self.model.bound_data()
-        projections = self.model.projections(X)
-        solve_meanfield(self.model, X, y, max_iters=self.iterations, tol=self.tol,
-                        projections=projections, checked=False)
-        self.model.keep_projections(projections)
-
-
 def fit_distributed_kernel(data, spec: DistributedKernelSpec,
                            config: TrainConfig | None = None) -> DistributedKernelFit:
     """Fit a distributed-kernel GP to ``data = (X [N, D], y [N])`` in data units (numpy or
     torch); see the module docstring. Problems with the data raise :class:`DataError`."""
     X, y, standardisation = model_data(*data, spec)
     model = build_model(X, y, spec)
-    result = train_distributed_kernel(model, spec.method, config)
+    result = train_distributed_kernel(model, spec.method, config or default_config(spec.method))
     with torch.no_grad():
         elbo = float(model.elbo())
     predictor = DistributedKernelPredictor(model, standardisation, len(y), elbo, spec.info,
@@ -171,20 +148,32 @@ def fit_distributed_kernel(data, spec: DistributedKernelSpec,
     return DistributedKernelFit(model, result, predictor, standardisation)
 
 
+def default_config(method: str) -> TrainConfig:
+    """The training defaults of ``method``: ``"solve"``
+    :data:`~pyrogp_models.inference.train_config.DISTRIBUTED_KERNEL_COLLAPSED_CONFIG`, ``"svi"``
+    :data:`~pyrogp_models.inference.train_config.DISTRIBUTED_KERNEL_SVI_CONFIG`."""
+    if method not in METHODS:
+        raise ValueError(f"unknown fitting method '{method}'; choose from {METHODS}")
+    return (DISTRIBUTED_KERNEL_COLLAPSED_CONFIG if method == "solve"
+            else DISTRIBUTED_KERNEL_SVI_CONFIG)
+
+
 def train_distributed_kernel(model: DistributedKernelGP, method: str,
                              config: TrainConfig | None = None) -> TrainResult:
     """Train a model with its data bound, in place, by ``method`` (module docstring): ``"svi"``,
-    or ``"solve"``: the :class:`ConjugateGradientSolve` hook before every step and a checked
-    solve to :data:`SOLVE_TOL` after the last."""
-    config = config or DEFAULT_TRAIN_CONFIG
-    if method not in METHODS:
-        raise ValueError(f"unknown fitting method '{method}'; choose from {METHODS}")
+    or ``"solve"``: the model collapsed, and a checked solve to
+    :data:`~pyrogp_models.models.distributed_kernel.backfitting.FINAL_SOLVE_TOL` (or the dtype's
+    rounding) after the last step. ``config`` defaults to :func:`default_config`."""
+    config = config or default_config(method)
     if method == "solve" and config.natural_gradient_lr is not None:
         raise ValueError("method='solve' sets q itself; natural_gradient_lr needs method='svi'")
-    hooks = [ConjugateGradientSolve(model)] if method == "solve" else []
-    result = train(model, config=config, hooks=hooks)
-    if method == "solve":
-        solve_meanfield(model, *model.bound_data(), tol=SOLVE_TOL)
+    model.collapsed = method == "solve"
+    if model.collapsed:
+        require_solvable(model)
+    result = train(model, config=config)
+    if model.collapsed:
+        X, y = model.bound_data()
+        solve_meanfield(model, X, y, tol=solve_tol(X.dtype, FINAL_SOLVE_TOL))
     return result
 
 
@@ -192,8 +181,8 @@ def model_data(X, y, spec: DistributedKernelSpec
                ) -> tuple[torch.Tensor, torch.Tensor, Standardisation]:
     """Validated inputs [N, D] and targets [N] in model units as tensors of the spec's dtype and
     device, and the standardisation fitted on them."""
-    X = np.asarray(torch.as_tensor(X).cpu(), dtype=np.float64)
-    y = np.asarray(torch.as_tensor(y).cpu(), dtype=np.float64)
+    X, y = (np.asarray(v.detach().cpu() if torch.is_tensor(v) else v, dtype=np.float64)
+            for v in (X, y))
     if X.ndim != 2 or y.shape != (X.shape[0],):
         raise DataError(f"expected inputs [N, D] and targets [N], got shapes {X.shape} and "
                         f"{y.shape}")
@@ -212,8 +201,9 @@ def model_data(X, y, spec: DistributedKernelSpec
 
 def build_model(X: torch.Tensor, y: torch.Tensor, spec: DistributedKernelSpec
                 ) -> DistributedKernelGP:
-    """The unfitted model on standardised data, (X, y) bound: J regions cut at quantiles along
-    one input (or the spec's regions), m inducing inputs on a grid over each region's points."""
+    """The unfitted model on standardised data, (X, y) bound in the order of the cut input (when
+    one input is cut): J regions cut at quantiles along one input (or the spec's regions), m
+    inducing inputs on a grid over each region's points."""
     dim, lengthscale = None, spec.lengthscale
     if spec.regions is None:
         dim = cut_dimension(X, spec)
@@ -221,10 +211,15 @@ def build_model(X: torch.Tensor, y: torch.Tensor, spec: DistributedKernelSpec
             lengthscale = initial_lengthscale(X[:, dim], spec.num_regions)
     elif lengthscale is None:
         lengthscale = 1.0
+    cut = [dim] if spec.regions is None else spec.regions.active_dims
+    if len(cut) == 1:
+        order = torch.argsort(X[:, cut[0]], stable=True)
+        X, y = X[order], y[order]
     model = build_distributed_kernel_gp(
         X, spec.num_regions, spec.num_inducing, y, lengthscale=lengthscale,
         likelihood=spec.likelihood, variational=spec.variational, ard=spec.ard,
         regions=spec.regions, dim=dim, learn_inducing=spec.learn_inducing,
+        learn_cuts=spec.learn_cuts,
         min_width=MIN_WIDTH, jitter=spec.jitter, halo_eps=spec.halo_eps,
         batch_size=spec.batch_size, likelihood_options=spec.likelihood_options)
     model.likelihood.validate_targets(y)

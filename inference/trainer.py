@@ -126,7 +126,8 @@ class _MemberConvergence:
     relative change of each member's objective since the last judgement, with a predicted
     decrease below the same tolerance (a member whose steps were all rejected has not changed,
     but it has not converged); once every member has passed that, the objectives evaluated
-    precisely, until each is pinned at its optimum."""
+    precisely, until each is pinned at its optimum (unless ``pin`` is off or
+    ``member_objectives(precise=True)`` is None: the change test is then the last)."""
 
     def __init__(self, optimizer: BatchedLBFGS, module, pin: bool = True):
         self.optimizer = optimizer
@@ -152,10 +153,12 @@ class _MemberConvergence:
                      else (change <= (tol or 0.0)) & self.optimizer.near(tol or 0.0))
         self.optimizer.freeze(converged)
         if tol is not None and bool(converged.all()):
-            if self.refining or not self.pin:
+            precise = (None if self.refining or not self.pin
+                       else self.module.member_objectives(precise=True))
+            if precise is None:  # pinned, or not to be pinned, or no precise objective to pin on
                 self.finished = True
             else:
-                self.optimizer.refine(self.module.member_objectives(precise=True))
+                self.optimizer.refine(precise)
                 self.refining = True
         return converged
 
@@ -205,10 +208,12 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
             loss.backward(inputs=params)
         return loss
 
-    reference = next(iter(module.parameters()), torch.zeros(()))
+    reference = next(iter(module.parameters()), None)
+    reference = torch.zeros(()) if reference is None else reference  # a module with no parameter
     losses = torch.full((max(min(config.steps, start + 4096), 1),), math.nan,
                         dtype=reference.dtype, device=reference.device)  # grows when needed
-    losses[:start] = torch.as_tensor(result.losses[:start], dtype=losses.dtype)
+    losses[:start] = torch.as_tensor(result.losses[:start], dtype=losses.dtype,
+                                     device=losses.device)
     bar = tqdm(total=config.steps, initial=start, disable=not config.progress, desc="fit",
                leave=False)
     members = (_MemberConvergence(optimizer, module, config.pin)

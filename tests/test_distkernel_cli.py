@@ -10,6 +10,8 @@ import pytest
 import torch
 from pyrogp_models.inference.cli import main
 from pyrogp_models.inference.distributed_kernel_fit import (
+    COLLAPSED_CONFIG,
+    SVI_CONFIG,
     DistributedKernelSpec,
     fit_distributed_kernel,
 )
@@ -101,6 +103,32 @@ def test_fit_info_predict_evaluate_round_trip(capsys, folder, regression_csv, fi
     constant = constant_scores(train.column("y"), y_test)
     assert report["rmse"] < 1.1 * exact["rmse"] and report["nlpd"] < exact["nlpd"] + 0.1
     assert report["nlpd"] < constant["nlpd"] - 1.5
+
+
+def test_the_defaults_converge_by_lbfgs_on_the_collapsed_bound(capsys, folder, regression_csv):
+    """No training flag: a Gaussian fit runs L-BFGS on the collapsed bound, well within its step
+    limit, and says it converged; the help names both defaults."""
+    out = run_ok(capsys, "fit-distkernel", regression_csv, "--target", "y", "--features", "x",
+                 "--regions", 3, "--inducing-per-region", 6,
+                 "--out", folder / "defaults.safetensors")
+    steps = int(re.search(r"\n(\d+) steps \(solve\), converged, in ", out).group(1))
+    assert steps < COLLAPSED_CONFIG.steps
+    text = " ".join(run_ok(capsys, "fit-distkernel", "--help").split())
+    assert f"default: {COLLAPSED_CONFIG.steps} L-BFGS steps" in text
+    assert f"{SVI_CONFIG.steps} Adam steps otherwise" in text
+
+
+def test_a_float32_fit_predicts_like_the_float64_one(capsys, folder, regression_csv, fitted):
+    out = folder / "single.safetensors"
+    run_ok(capsys, "fit-distkernel", regression_csv, "--target", "y", "--features", "x",
+           "--regions", "3", *FIT, "--float32", "--out", out)
+    single, double = load_predictor(out), load_predictor(fitted)
+    x = np.linspace(0, 10, 50)[:, None]
+    mean32, var32 = single.predict_y(x)
+    mean64, var64 = double.predict_y(x)
+    assert bool(torch.isfinite(mean32).all() and torch.isfinite(var32).all())
+    assert float((mean32.double() - mean64).abs().max()) <= 2e-2
+    assert float((var32.double() / var64 - 1).abs().max()) <= 0.1
 
 
 def test_fitting_warns_nothing(capsys, folder, regression_csv):

@@ -11,7 +11,6 @@ import pytest
 import torch
 from pyro.infer import TraceMeanField_ELBO
 from pyrogp_models.inference.distributed_kernel_fit import (
-    ConjugateGradientSolve,
     DistributedKernelSpec,
     fit_distributed_kernel,
 )
@@ -24,7 +23,7 @@ from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.distributed_kernel import collapsed
 from pyrogp_models.models.distributed_kernel.backfitting import backfit, solve_meanfield
 from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp
-from pyrogp_models.models.distributed_kernel.halo import full_halo
+from pyrogp_models.models.distributed_kernel.halo import CHECK_EVERY, full_halo
 from pyrogp_models.models.distributed_kernel.local_kernels import LocalKernels
 from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
 from pyrogp_models.models.distributed_kernel.regions import Regions
@@ -67,7 +66,7 @@ def gp_data(n=300, low=-10.0, high=10.0, seed=0, noise=NOISE):
 
 
 def grid_model(cuts, edges, m, variational="meanfield", jitter=1e-6, learn_cuts=False,
-               likelihood="gaussian", data=(None, None), **lik):
+               likelihood="gaussian", data=(None, None), collapsed=False, **lik):
     """J = len(cuts)+1 regions with m evenly spaced inducing inputs between ``edges``; ``data``
     (X, y) are bound as the training data."""
     regions = Regions.from_cuts(cuts, learn_cuts=learn_cuts)
@@ -76,7 +75,7 @@ def grid_model(cuts, edges, m, variational="meanfield", jitter=1e-6, learn_cuts=
     if likelihood == "gaussian":
         lik.setdefault("variance", NOISE)
     return DistributedKernelGP(regions, Z.unsqueeze(-1), kernel, make_likelihood(likelihood, **lik),
-                               *data, variational=variational, jitter=jitter)
+                               *data, variational=variational, jitter=jitter, collapsed=collapsed)
 
 
 FOUR = ([-5.0, 0.0, 5.0], [-10.0, -5.0, 0.0, 5.0, 10.0])
@@ -225,35 +224,41 @@ def test_the_hook_solve_reads_nothing_back(monkeypatch):
     assert result.iterations == 30 and result.converged
 
 
-def test_solve_scheme_ends_at_the_meanfield_optimum_and_shares_its_projection(monkeypatch):
-    """The CG hook's q is the collapsed mean-field optimum after the fit's final solve; the
-    projections the hook keeps give the step's loss exactly, once, and only while no parameter
-    moved."""
+def test_collapsed_bound_is_the_meanfield_optimum_with_its_gradient():
+    """The collapsed objective (q solved by CG on the way) equals the dense closed-form F_MF, and
+    its gradient in θ and Z at that q is the gradient of F_MF (envelope theorem)."""
     X, y = gp_data(150, -6, 6, seed=15)
-    fit = fit_distributed_kernel((X, y), DistributedKernelSpec(3, 8),
-                                 TrainConfig(steps=20, lr=0.05, tol=None))
+    model = grid_model([-2.0, 2.0], [-6.0, -2.0, 2.0, 6.0], 8, data=(X, y), collapsed=True)
+    with torch.no_grad():
+        model.kernel.lengthscale = torch.tensor(0.8)
+    parameters, objective = model.member_objectives()[0]
+    assert {id(p) for p in parameters}.isdisjoint(
+        {id(p) for p in model.layer.variational_parameters()})
+    assert model.member_objectives(precise=True) is None      # no precise phase to pin on
+    for _ in range(5):                  # warm-started CG: a few evaluations reach its tolerance
+        value = -objective()
+    grads = torch.autograd.grad(value.sum(), parameters)
+    dense = collapsed.meanfield_collapsed_bound(model, X, y, model.halo(X))
+    dense_grads = torch.autograd.grad(dense, parameters)
+    assert abs(float(value) - float(dense)) <= 1e-8 * abs(float(dense))
+    for grad, reference in zip(grads, dense_grads, strict=True):
+        assert (grad - reference).abs().max() <= 1e-6 * reference.abs().max()
+    # Pyro's loss of the collapsed model is −F_MF; its guide has no site
+    loss = TraceMeanField_ELBO().differentiable_loss(model.model, model.guide)
+    assert abs(float(loss) + float(dense)) <= 1e-8 * abs(float(dense))
+
+
+def test_solve_scheme_ends_at_the_meanfield_optimum():
+    """After the default (collapsed, L-BFGS) fit q is the closed-form mean-field optimum and the
+    fit converged."""
+    X, y = gp_data(150, -6, 6, seed=15)
+    fit = fit_distributed_kernel((X, y), DistributedKernelSpec(3, 8))
+    assert fit.result.converged and fit.model.collapsed
     model = fit.model
     Xs, ys = model.bound_data()
     mean, chol = collapsed.optimal_meanfield_posterior(model, Xs, ys, model.halo(Xs))
     assert (model.q_mean - mean).abs().max() <= 1e-6
     assert (model.q_sqrt - chol).abs().max() <= 1e-9
-
-    def loss():
-        return TraceMeanField_ELBO().differentiable_loss(model.model, model.guide)
-
-    fresh = float(loss())
-    model.keep_projections(model.projections(Xs))
-    calls = []
-    project = model.projections
-    monkeypatch.setattr(model, "projections",
-                        lambda *args, **kwargs: calls.append(1) or project(*args, **kwargs))
-    assert float(loss()) == fresh and not calls          # the kept projections, used once
-    assert float(loss()) == fresh and len(calls) == 1    # then computed afresh
-    monkeypatch.undo()
-    model.keep_projections(model.projections(Xs))
-    with torch.no_grad():
-        model.kernel.lengthscale_unconstrained.add_(0.1)
-    assert abs(float(loss()) - fresh) > 1e-3             # a moved parameter: not reused
 
 
 def test_natural_gradients_on_the_meanfield_and_the_joint_q():
@@ -280,7 +285,8 @@ def test_natural_gradients_on_the_meanfield_and_the_joint_q():
     NaturalGradient(joint, 1.0)(lambda: -joint.elbo())
     assert float(joint.elbo()) == pytest.approx(optimum, rel=1e-8)
     with pytest.raises(ValueError, match="mean-field q and a Gaussian"):
-        ConjugateGradientSolve(joint)
+        grid_model([-2.0, 2.0], [-6.0, -2.0, 2.0, 6.0], 8, variational="joint", data=(X, y),
+                   collapsed=True)
 
 
 def test_meanfield_and_joint_optimal_means_agree_but_not_their_bounds():
@@ -354,6 +360,65 @@ def test_the_halo_changes_the_objective_and_predictions_negligibly():
     full = model.latent(Xs, full_halo(200, 4))
     assert (truncated[0] - full[0]).abs().max() <= 1e-5
     assert (truncated[1] - full[1]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("cuts", [[-5.0, 0.0, 5.0], "tree"])
+def test_planned_halos_select_the_exact_pairs_and_refuse_to_overflow(cuts):
+    """Within its planned width the training halo holds exactly the pairs of the exact halo (a
+    1-D split of sorted points and a 2-D tree alike); a lengthscale grown past the margin between
+    two width checks makes the L-BFGS objective NaN (never a silent truncation) until the next
+    check widens the halo."""
+    X, y = gp_data(seed=17)
+    if cuts == "tree":
+        X = torch.cat([X, torch.rand(len(y), 1, generator=torch.Generator().manual_seed(0))],
+                      -1)
+        inf = math.inf
+        regions = Regions.from_boxes(torch.tensor([[-inf, -inf], [0.0, -inf], [0.0, 0.5]]),
+                                     torch.tensor([[0.0, inf], [inf, 0.5], [inf, inf]]))
+        owner = regions.owner(X)
+        Z = torch.stack([X[owner == j][:8] for j in range(3)])          # 8 own points each
+        model = DistributedKernelGP(regions, Z, RBF(2, lengthscale=1.0),
+                                    make_likelihood("gaussian", variance=NOISE), X, y,
+                                    collapsed=True)
+    else:
+        model = grid_model(cuts, [-10.0, -5.0, 0.0, 5.0, 10.0], 8, data=(X, y), collapsed=True)
+    planned, exact = model.training_halo(X), model.halo(X)
+    assert not bool(planned.overflow)
+    dense = torch.zeros(planned.num_regions, len(y), dtype=torch.bool)
+    dense[torch.arange(planned.num_regions).unsqueeze(-1).expand_as(planned.index)[planned.mask],
+          planned.index[planned.mask]] = True
+    reference = torch.zeros_like(dense)
+    reference[torch.arange(exact.num_regions).unsqueeze(-1).expand_as(exact.index)[exact.mask],
+              exact.index[exact.mask]] = True
+    assert bool((dense == reference).all())
+    with torch.no_grad():
+        model.kernel.lengthscale = torch.tensor(3.0)        # far past the 1.25 radius margin
+        builds = model._halo_plans.builds[len(y)]
+        assert builds % CHECK_EVERY != 0
+        objective = model.member_objectives()[0][1]
+        assert math.isnan(float(objective()))               # L-BFGS rejects such a step
+        for _ in range(CHECK_EVERY - 1 - builds % CHECK_EVERY):
+            model.collapsed_bound()
+        bound = float(model.collapsed_bound())            # after the width check
+    assert math.isfinite(bound)
+    assert abs(bound - float(model.elbo(X, y, model.halo(X)))) <= 1e-9 * abs(bound)
+
+
+def test_a_width_check_keeps_room_for_the_halos_seen_since_the_last():
+    """A check made at a short lengthscale (say, an optimiser's rejected trial) keeps the width
+    that the longer lengthscales evaluated before it needed, so the next evaluations there do not
+    overflow."""
+    X, y = gp_data(seed=18)
+    model = grid_model(*FOUR, 8, data=(X, y))
+    for _ in range(CHECK_EVERY):
+        wide = model.training_halo(X)
+    with torch.no_grad():
+        model.kernel.lengthscale = torch.tensor(0.2)
+    narrow = model.training_halo(X)                      # the check, at the short lengthscale
+    assert narrow.index.shape[1] >= int(wide.required) > int(narrow.required)
+    with torch.no_grad():
+        model.kernel.lengthscale = torch.tensor(1.0)
+    assert not bool(model.training_halo(X).overflow)
 
 
 def test_each_point_touches_a_bounded_number_of_regions():

@@ -9,7 +9,7 @@ import numpy as np
 import pyro
 import pytest
 import torch
-from pyro.infer import SVI, Predictive, TraceMeanField_ELBO
+from pyro.infer import SVI, JitTraceMeanField_ELBO, Predictive, TraceMeanField_ELBO
 from pyrogp_models.inference.distributed_kernel_fit import (
     DistributedKernelSpec,
     fit_distributed_kernel,
@@ -173,3 +173,14 @@ def test_two_models_in_the_global_param_store_share_nothing():
     # each model kept its own signal variance (1 and 3, moved by one Adam step of 0.01)
     assert abs(float(first.kernel.variance) - 1.0) < 0.05
     assert abs(float(second.kernel.variance) - 3.0) < 0.1
+
+
+@pytest.mark.parametrize("collapsed", [False, True])
+def test_jit_tracing_is_refused_in_one_line(collapsed):
+    """Pyro's JitTraceMeanField_ELBO would freeze the halo's shape, which depends on ℓ: the model
+    refuses to be traced with an error naming the alternative."""
+    model = model_for("meanfield", "gaussian")
+    model.collapsed = collapsed
+    svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": 0.01}), JitTraceMeanField_ELBO())
+    with pytest.raises(NotImplementedError, match="cannot be traced.*use TraceMeanField_ELBO"):
+        svi.step()

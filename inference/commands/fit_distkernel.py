@@ -4,7 +4,7 @@ The SE kernel is split into J local kernels along one input (``--dim``, by defau
 largest range), cut at data quantiles; each local GP gets m inducing inputs. The fit itself
 (standardisation, initial lengthscale, cuts, training) is
 :func:`pyrogp_models.inference.distributed_kernel_fit.fit_distributed_kernel`: a Gaussian mean-field
-fit solves q in closed form at every step; other settings run Pyro SVI.
+fit runs L-BFGS on the collapsed bound (q solved at every step); other settings run Pyro SVI.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ from pyrogp_models.inference.commands.arguments import (
     add_seed,
     add_units,
 )
-from pyrogp_models.inference.train_config import DISTRIBUTED_KERNEL_CONFIG
+from pyrogp_models.inference.train_config import (
+    DISTRIBUTED_KERNEL_COLLAPSED_CONFIG,
+    DISTRIBUTED_KERNEL_SVI_CONFIG,
+)
 
 NAME = "fit-distkernel"
 HELP = "fit a distributed-kernel sparse GP (a sum of local GPs) and save it as one file"
@@ -48,14 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="observation model (default: gaussian)")
     parser.add_argument("--link", help="bernoulli: logit|probit")
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
-    parser.add_argument("--steps", type=int, default=DISTRIBUTED_KERNEL_CONFIG.steps,
-                        metavar="N", help="maximum optimiser steps; the fit stops earlier once "
-                                          f"converged (default: "
-                                          f"{DISTRIBUTED_KERNEL_CONFIG.steps})")
-    parser.add_argument("--lr", type=float, default=DISTRIBUTED_KERNEL_CONFIG.lr, metavar="LR",
-                        help=f"Adam learning rate (default: {DISTRIBUTED_KERNEL_CONFIG.lr:g})")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help="maximum optimiser steps; the fit stops earlier once converged "
+                             f"(default: {DISTRIBUTED_KERNEL_COLLAPSED_CONFIG.steps} L-BFGS steps "
+                             "on the collapsed bound for gaussian meanfield, "
+                             f"{DISTRIBUTED_KERNEL_SVI_CONFIG.steps} Adam steps otherwise)")
+    parser.add_argument("--lr", type=float, metavar="LR",
+                        help="Adam learning rate where the fit runs Adam (default: "
+                             f"{DISTRIBUTED_KERNEL_SVI_CONFIG.lr:g})")
     add_seed(parser, "the inducing inputs and the training draws",
-             DISTRIBUTED_KERNEL_CONFIG.seed)
+             DISTRIBUTED_KERNEL_SVI_CONFIG.seed)
     add_float32(parser)
     parser.add_argument("--time-budget", type=float, metavar="S",
                         help="stop after S seconds of optimisation")
@@ -75,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from pyrogp_models.inference.distributed_kernel_fit import (
         DistributedKernelSpec,
+        default_config,
         fit_distributed_kernel,
     )
 
@@ -95,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
         likelihood_options={} if args.link is None else {"link": args.link}, ard=args.ard,
         columns=data_columns(features, args.target, args.units),
         dtype=torch.float32 if args.float32 else torch.float64)
-    config = replace(DISTRIBUTED_KERNEL_CONFIG, steps=args.steps, lr=args.lr, seed=args.seed,
-                     time_budget=args.time_budget)
+    config = default_config(spec.method)
+    config = replace(config, steps=args.steps or config.steps, lr=args.lr or config.lr,
+                     seed=args.seed, time_budget=args.time_budget)
     with one_line_warnings("raise --steps"):
         fit = fit_distributed_kernel((X, y), spec, config)
     path = save_distributed_kernel(fit.predictor, args.out)

@@ -4,11 +4,14 @@ sparse Gaussian processes", talk slides; "the slides" below). The slides give th
 kernel, one inducing set per region and the mean-field bound; the collapsed bounds, the stable
 windows, the halo and the sharded evaluation are derived here.
 
-- :mod:`.windows` — window functions w_j (stable normal-CDF differences, log space, analytic grad)
+- :mod:`.windows` — window functions w_j (stable normal-CDF differences, analytic gradient)
 - :mod:`.regions` — 1-D cuts and axis-aligned box/tree partitions with ordered learnable cuts
-- :mod:`.local_kernels` — k_j(x, x') = k(x, x') w_j((x + x')/2)
-- :mod:`.halo` — which (point, region) pairs matter: O(n m²) instead of O(n J m²)
-- :mod:`.model` — the Pyro model/guide (mean-field and joint q), ELBO, predictions
+- :mod:`.local_kernels` — k_j(x, x') = k(x, x') w_j((x + x')/2), and the one shared SE kernel
+- :mod:`.halo` — which (point, region) pairs matter: O(n m²) instead of O(n J m²); planned widths
+  for training without host reads
+- :mod:`.projections` — pair projections A_ij and the moments of q(f)
+- :mod:`.model` — the Pyro model/guide (mean-field and joint q, or the collapsed bound), ELBO,
+  predictions
 - :mod:`.collapsed` — joint and mean-field collapsed bounds and optimal q (dense references)
 - :mod:`.backfitting` — mean-field optimum by backfitting (coordinate ascent) or block-CG
 - :mod:`.shards` — the ELBO as a sum over region shards, run by workers (in process or Dask)

@@ -16,17 +16,41 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
 from pyrogp_models.gaussian.linalg import cholesky, cholesky_solve, inverse_cholesky
 from pyrogp_models.models.distributed_kernel.halo import Halo, greedy_colouring, region_graph
-from pyrogp_models.models.distributed_kernel.model import (
-    DistributedKernelGP,
+from pyrogp_models.models.distributed_kernel.projections import (
     pair_means,
     pair_residual_variances,
 )
+
+if TYPE_CHECKING:
+    from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
+
+#: Relative CG residual ‖b − Hm‖/‖b‖ at which a solve inside the collapsed bound freezes, and at
+#: which the closing solve of a fit (checked, so it can run to rounding) stops.
+SOLVE_TOL, FINAL_SOLVE_TOL = 1e-7, 1e-10
+
+
+def solve_tol(dtype: torch.dtype, target: float = SOLVE_TOL) -> float:
+    """``target``, or 16ε where the dtype cannot reach it (float32: 1.9e−6)."""
+    return max(target, 16 * torch.finfo(dtype).eps)
+
+
+#: Warm-started CG iterations per evaluation of the collapsed bound (unchecked: every one runs,
+#: frozen once at the tolerance).
+OBJECTIVE_ITERATIONS = 30
+
+
+def require_solvable(model: DistributedKernelGP) -> None:
+    """The mean-field solvers need mean-field q and a Gaussian likelihood."""
+    if model.variational != "meanfield" or model.likelihood.name != "gaussian":
+        raise ValueError("the mean-field optimum in closed form needs mean-field q and a "
+                         "Gaussian likelihood")
 
 
 @dataclass
@@ -43,7 +67,7 @@ def region_colours(model: DistributedKernelGP) -> torch.Tensor:
     lower, upper = model.regions.bounds()
     ell = model.regions.active_lengthscale(model.kernel.lengthscale)
     if not model.regions.active_dims:
-        return torch.zeros(model.num_regions, dtype=torch.long)
+        return torch.zeros(model.num_regions, dtype=torch.long, device=model.inducing.device)
     return greedy_colouring(region_graph(lower, upper, ell, model.halo_eps))
 
 
@@ -57,8 +81,7 @@ def backfit(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
     are updated colour by colour until no mean moves by more than ``tol`` (relative to the
     largest mean) in a sweep. The ELBO after every sweep is recorded.
     """
-    if model.variational != "meanfield" or model.likelihood.name != "gaussian":
-        raise ValueError("backfitting needs the mean-field variant and a Gaussian likelihood")
+    require_solvable(model)
     noise = model.likelihood.variance
     halo, A, prior_diag, _ = model.projections(X, halo)
     colours = region_colours(model) if colours is None else colours
@@ -141,17 +164,15 @@ def solve_meanfield(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor
     instead, warm-started from the current ``q_mean``.
     A matrix–vector product with H costs O(Σ_j |D_j| m) through the halo; the preconditioner
     O(J m²); all regions at once. Covariances are set to B̃_jj⁻¹ as in :func:`backfit`.
-    ``projections`` reuses :meth:`DistributedKernelGP.projections` output.
+    ``projections`` reuses the output of the model's ``projections``.
 
     ``checked`` (the final solve): the residual is read back after every iteration and the solve
-    stops once ‖r‖ ≤ tol‖b‖. Unchecked (the training hook,
-    :mod:`pyrogp_models.inference.distributed_kernel_fit`): exactly ``max_iters`` iterations and
-    nothing read back; the same test runs on the device and gives the converged iterations steps of
-    length zero (``torch.where``), freezing the solution.
+    stops once ‖r‖ ≤ tol‖b‖. Unchecked (inside the model's ``collapsed_bound``): exactly
+    ``max_iters`` iterations and nothing read back; the same test runs on the device and gives
+    the converged iterations steps of length zero (``torch.where``), freezing the solution. A
+    non-finite warm start (left by a failed evaluation) restarts from zero.
     """
-    if model.variational != "meanfield" or model.likelihood.name != "gaussian":
-        raise ValueError("the mean-field solver needs the mean-field variant and a Gaussian "
-                         "likelihood")
+    require_solvable(model)
     noise = model.likelihood.variance.detach()
     halo, A, _, _ = model.projections(X, halo) if projections is None else projections
     A = A.detach()
@@ -167,7 +188,8 @@ def solve_meanfield(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor
 
     b = (A @ halo.gather(y).unsqueeze(-1)).squeeze(-1) / noise
     b_norm = b.norm().clamp_min(torch.finfo(b.dtype).tiny)
-    mean = model.q_mean.detach().clone()
+    mean = model.q_mean.detach()
+    mean = torch.where(torch.isfinite(mean).all(), mean, 0.0)
     residual = b - apply(mean)
     z = precondition(residual)
     direction = z

@@ -17,9 +17,9 @@ import torch
 from pyrogp_models.data.inducing import init_inducing
 from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
-from pyrogp_models.kernels import RBF
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.distributed_kernel.halo import DEFAULT_EPS
+from pyrogp_models.models.distributed_kernel.local_kernels import shared_se_kernel
 from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
 from pyrogp_models.models.distributed_kernel.regions import Regions, default_regions
 
@@ -83,8 +83,8 @@ def build_distributed_kernel_gp(
     if X.dim() != 2:
         raise DataError(f"inputs must be a matrix [N, D], got shape {tuple(X.shape)}")
     input_dim = X.shape[1]
-    kernel = RBF(input_dim, ard=ard, lengthscale=lengthscale, variance=variance,
-                 dtype=X.dtype, device=X.device)
+    kernel = shared_se_kernel(input_dim, ard, lengthscale, variance, dtype=X.dtype,
+                              device=X.device)
     if regions is None:
         regions = default_regions(X, num_regions, kernel.lengthscale.detach(), min_width,
                                   learn_cuts, dim)

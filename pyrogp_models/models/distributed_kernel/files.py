@@ -27,8 +27,8 @@ import torch
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.errors import CholeskyError
-from pyrogp_models.kernels import RBF
 from pyrogp_models.likelihoods import LIKELIHOODS, Likelihood, make_likelihood
+from pyrogp_models.models.distributed_kernel.local_kernels import shared_se_kernel
 from pyrogp_models.models.distributed_kernel.model import VARIATIONAL, DistributedKernelGP
 from pyrogp_models.models.distributed_kernel.regions import Regions
 from pyrogp_models.modules.predictor import Predictor
@@ -208,9 +208,10 @@ def _build(record: dict[str, Any], tensors: dict[str, torch.Tensor], fail: Fail
                   if k.startswith("likelihood.")}
     model = DistributedKernelGP(
         regions, inducing,
-        RBF(input_dim, ard=bool(kernel["ard"]), lengthscale=tensors["kernel.lengthscale"],
-            variance=tensors["kernel.variance"], dtype=inducing.dtype),
-        make_likelihood(likelihood_record["name"], (), inducing.dtype, None,
+        shared_se_kernel(input_dim, bool(kernel["ard"]), tensors["kernel.lengthscale"],
+                         tensors["kernel.variance"], dtype=inducing.dtype,
+                         device=inducing.device),
+        make_likelihood(likelihood_record["name"], (), inducing.dtype, inducing.device,
                         **likelihood_record["options"], **parameters),
         variational=record["variational"], learn_inducing=False, jitter=jitter,
         halo_eps=halo_eps)

@@ -15,10 +15,18 @@ from __future__ import annotations
 import torch
 from pyro.nn import PyroModule
 
-from pyrogp_models.kernels import Stationary
+from pyrogp_models.kernels import RBF, Stationary
 from pyrogp_models.layers.naming import unique_name
 from pyrogp_models.models.distributed_kernel.regions import Regions
-from pyrogp_models.models.distributed_kernel.windows import log_box_mass
+from pyrogp_models.models.distributed_kernel.windows import box_mass
+
+
+def shared_se_kernel(input_dim: int, ard: bool = False, lengthscale=1.0, variance=1.0, *,
+                     dtype: torch.dtype, device=None) -> Stationary:
+    """The SE kernel (ℓ, σ_f²) that all local kernels share: the one place the distributed
+    kernel builds it (from defaults, the tree search and files alike)."""
+    return RBF(input_dim, ard=ard, lengthscale=lengthscale, variance=variance, dtype=dtype,
+               device=device)
 
 
 def check_family(kernel: Stationary) -> None:
@@ -34,17 +42,17 @@ def local_cross_covariance(X: torch.Tensor, Z: torch.Tensor, lower: torch.Tensor
                            active_dims: list[int]) -> torch.Tensor:
     """k_j(X_j, Z_j) for every region j: X [J, N, D], Z [J, M, D], faces [J, A] → [J, N, M].
 
-    Computed as σ² exp(−r²/2 + log w_j(x̄)) with r² from exact differences (no x² + z² − 2xz
-    cancellation) and the window in log space (:func:`~.windows.log_box_mass`).
+    Computed as σ² exp(−r²/2) · w_j(x̄) with r² from exact differences (no x² + z² − 2xz
+    cancellation) and the window of :func:`~.windows.box_mass`.
     """
     ell = lengthscale.expand(X.shape[-1])
     diff = (X.unsqueeze(-2) - Z.unsqueeze(-3)) / ell
-    log_k = -0.5 * diff.square().sum(-1)
-    if active_dims:
-        mid = 0.5 * (X[..., active_dims].unsqueeze(-2) + Z[..., active_dims].unsqueeze(-3))
-        faces = (lower.unsqueeze(-2).unsqueeze(-2), upper.unsqueeze(-2).unsqueeze(-2))
-        log_k = log_k + log_box_mass(*faces, mid, 0.5 * ell[active_dims])
-    return variance * log_k.exp()
+    k = variance * torch.exp(-0.5 * diff.square().sum(-1))
+    if not active_dims:
+        return k
+    mid = 0.5 * (X[..., active_dims].unsqueeze(-2) + Z[..., active_dims].unsqueeze(-3))
+    faces = (lower.unsqueeze(-2).unsqueeze(-2), upper.unsqueeze(-2).unsqueeze(-2))
+    return k * box_mass(*faces, mid, 0.5 * ell[active_dims])
 
 
 def local_diagonal(X: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
@@ -54,8 +62,8 @@ def local_diagonal(X: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
     if not active_dims:
         return variance * torch.ones_like(X[..., 0])
     ell = lengthscale.expand(X.shape[-1])[active_dims]
-    return variance * log_box_mass(lower.unsqueeze(-2), upper.unsqueeze(-2), X[..., active_dims],
-                                   0.5 * ell).exp()
+    return variance * box_mass(lower.unsqueeze(-2), upper.unsqueeze(-2), X[..., active_dims],
+                               0.5 * ell)
 
 
 class LocalKernels(PyroModule):

@@ -30,27 +30,49 @@ are bound to the model as non-persistent buffers (never in a checkpoint), so ``m
 ``predictive_guide`` run in Pyro's module context, so ``pyro.infer.SVI`` trains every parameter
 and ``pyro.infer.Predictive`` draws v, f and y.
 
-The pure functions below (prior factors, pair projections, moments) are shared with the sharded
-evaluation (:mod:`~pyrogp_models.models.distributed_kernel.shards`).
+**Collapsed** (``collapsed=True``; Gaussian likelihood, mean-field q, full batches): the model's
+one factor is the collapsed mean-field bound F_MF(θ, Z, cuts) = max_q ELBO, and the guide is empty.
+Each evaluation sets q to its optimum for the current θ, Z and cuts by warm-started conjugate
+gradients (:func:`~pyrogp_models.models.distributed_kernel.backfitting.solve_meanfield`, nothing
+read back) and returns the ELBO there, whose gradient in θ, Z and cuts at fixed q is that of
+F_MF (envelope theorem). A deterministic objective of the hyperparameters alone: L-BFGS
+(:meth:`DistributedKernelGP.member_objectives`) converges on it in far fewer steps than Adam.
+
+Training steps read nothing back to the host: the halo of the bound data is planned
+(:class:`~pyrogp_models.models.distributed_kernel.halo.HaloPlans`), and factorisations defer
+their checks inside the trainer. The pure functions of the algebra are in
+:mod:`~pyrogp_models.models.distributed_kernel.projections`.
 """
 
 from __future__ import annotations
+
+import math
 
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule, pyro_method
 
-from pyrogp_models.gaussian.linalg import DEFAULT_JITTER, cholesky, triangular_solve
+from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.kernels import Stationary
 from pyrogp_models.layers import SparseGPLayer, unique_name
 from pyrogp_models.layers.sparse_gp import COVARIANCES
 from pyrogp_models.likelihoods import Likelihood
-from pyrogp_models.models.distributed_kernel.halo import DEFAULT_EPS, Halo, build_halo
-from pyrogp_models.models.distributed_kernel.local_kernels import (
-    LocalKernels,
-    local_cross_covariance,
-    local_diagonal,
+from pyrogp_models.models.distributed_kernel import backfitting
+from pyrogp_models.models.distributed_kernel.halo import (
+    DEFAULT_EPS,
+    Halo,
+    HaloPlans,
+    build_halo,
+    is_sorted,
+)
+from pyrogp_models.models.distributed_kernel.local_kernels import LocalKernels
+from pyrogp_models.models.distributed_kernel.projections import (
+    joint_moments,
+    meanfield_moments,
+    pair_means,
+    pair_projections,
+    pair_residual_variances,
 )
 from pyrogp_models.models.distributed_kernel.regions import Regions
 
@@ -58,62 +80,6 @@ from pyrogp_models.models.distributed_kernel.regions import Regions
 VARIATIONAL = COVARIANCES
 
 
-# pure functions (shared with the shards) ------------------------------------------------------
-def prior_cholesky(Z: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor,
-                   lengthscale: torch.Tensor, variance: torch.Tensor, active_dims: list[int],
-                   jitter: float = DEFAULT_JITTER) -> torch.Tensor:
-    """L_j = chol(k_j(Z_j, Z_j) + jitter) for Z [J, m, D] → [J, m, m]."""
-    Kzz = local_cross_covariance(Z, Z, lower, upper, lengthscale, variance, active_dims)
-    return cholesky(Kzz, jitter, what="local inducing covariance k_j(Z_j, Z_j)")
-
-
-def pair_projections(X: torch.Tensor, halo: Halo, Z: torch.Tensor, lower: torch.Tensor,
-                     upper: torch.Tensor, lengthscale: torch.Tensor, variance: torch.Tensor,
-                     active_dims: list[int], prior_chol: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A_j = L_j⁻¹ k_j(Z_j, X_{D_j}) [J, m, P] and k_j(x, x) on the pairs [J, P]; padding
-    entries are zero."""
-    X_pairs = halo.gather(X)                                              # [J, P, D]
-    cross = local_cross_covariance(Z, X_pairs, lower, upper, lengthscale, variance, active_dims)
-    mask = halo.mask.to(cross.dtype)
-    A = triangular_solve(prior_chol, cross * mask.unsqueeze(-2))
-    prior_diag = local_diagonal(X_pairs, lower, upper, lengthscale, variance, active_dims) * mask
-    return A, prior_diag
-
-
-def pair_means(A: torch.Tensor, whitened: torch.Tensor) -> torch.Tensor:
-    """A_ijᵀ v_j on every pair: A [J, m, P] and v [..., J, m] → [..., J, P]."""
-    return (whitened.unsqueeze(-2) @ A).squeeze(-2)
-
-
-def pair_residual_variances(A: torch.Tensor, prior_diag: torch.Tensor) -> torch.Tensor:
-    """k_j(x_i, x_i) − ‖A_ij‖², the variance of f_j(x_i) given v_j, on every pair [J, P]."""
-    return prior_diag - A.square().sum(-2)
-
-
-def meanfield_moments(halo: Halo, A: torch.Tensor, prior_diag: torch.Tensor,
-                      q_mean: torch.Tensor, q_sqrt: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(μ_i, v_i) of q(f(x_i)) [N] under the mean-field q, summed over the halo pairs."""
-    spread = (q_sqrt.mT @ A).square().sum(-2)
-    var_pairs = pair_residual_variances(A, prior_diag) + spread
-    return halo.scatter(pair_means(A, q_mean)), halo.scatter(var_pairs).clamp_min(0.0)
-
-
-def joint_moments(halo: Halo, A: torch.Tensor, prior_diag: torch.Tensor, q_mean: torch.Tensor,
-                  q_sqrt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(μ_i, v_i) under the joint q over all J·m whitened variables (dense; reference only)."""
-    num_regions, num_inducing, _ = A.shape
-    dense = A.new_zeros(num_regions, num_inducing, halo.num_points)
-    dense = dense.scatter_add(-1, halo.index.unsqueeze(-2).expand_as(A),
-                              A * halo.mask.unsqueeze(-2))
-    spread = q_sqrt.mT @ dense.reshape(num_regions * num_inducing, halo.num_points)
-    var = halo.scatter(pair_residual_variances(A, prior_diag)) + spread.square().sum(-2)
-    mean = pair_means(A, q_mean.reshape(num_regions, num_inducing))
-    return halo.scatter(mean), var.clamp_min(0.0)
-
-
-# the model ------------------------------------------------------------------------------------
 class DistributedKernelGP(PyroModule):
     """Sum-of-local-GPs sparse GP with m inducing variables per region, its data bound; the
     ELBO of the module docstring (the slides' mean-field bound, or the joint q).
@@ -126,6 +92,8 @@ class DistributedKernelGP(PyroModule):
         X, y: the training data [N, D], [N] in model units (optional: a model read from a file
             has none; ``model()`` then refuses to run).
         variational: ``"meanfield"`` (slides) or ``"joint"`` (reference).
+        collapsed: train on the collapsed mean-field bound (module docstring): Gaussian
+            likelihood, mean-field q and full batches only.
         learn_inducing: optimise Z, in coordinates of the initial lengthscale (Z = c_j + ℓ₀·Z̃_j
             with c_j the initial centre of region j's Z): an optimiser step then moves Z by a
             fraction of ℓ in any input units.
@@ -138,9 +106,9 @@ class DistributedKernelGP(PyroModule):
     def __init__(self, regions: Regions, inducing: torch.Tensor, kernel: Stationary,
                  likelihood: Likelihood, X: torch.Tensor | None = None,
                  y: torch.Tensor | None = None, *, variational: str = "meanfield",
-                 learn_inducing: bool = True, jitter: float = DEFAULT_JITTER,
-                 halo_eps: float = DEFAULT_EPS, batch_size: int | None = None,
-                 name: str | None = None):
+                 collapsed: bool = False, learn_inducing: bool = True,
+                 jitter: float = DEFAULT_JITTER, halo_eps: float = DEFAULT_EPS,
+                 batch_size: int | None = None, name: str | None = None):
         super().__init__(name or unique_name("dk"))
         if variational not in VARIATIONAL:
             raise ValueError(f"unknown variational family '{variational}'; use {VARIATIONAL}")
@@ -164,9 +132,17 @@ class DistributedKernelGP(PyroModule):
         self.likelihood = likelihood
         self.halo_eps = halo_eps
         self.batch_size = batch_size
+        self.collapsed = collapsed
         self.register_buffer("data_X", X, persistent=False)
         self.register_buffer("data_y", y, persistent=False)
-        self._kept_projections = None
+        active = regions.active_dims
+        self._halo_plans = None if X is None else HaloPlans(
+            len(active) == 1 and is_sorted(X[:, active[0]]))
+        if collapsed:
+            backfitting.require_solvable(self)
+            if batch_size is not None:
+                raise ValueError("the collapsed bound uses all data; minibatches need "
+                                 "collapsed=False")
 
     # Shapes -------------------------------------------------------------------------------------
     @property
@@ -226,11 +202,20 @@ class DistributedKernelGP(PyroModule):
         return self.layer.prior_cholesky()
 
     def halo(self, X: torch.Tensor, eps: float | None = None) -> Halo:
-        """The (point, region) pairs for the current ℓ and cuts (rebuild when they move)."""
+        """The (point, region) pairs at any points X for the current ℓ and cuts, exactly sized
+        (reads the size back to the host: for predictions and references, not training)."""
         lower, upper = self.regions.bounds()
         ell = self.regions.active_lengthscale(self.kernel.lengthscale)
         return build_halo(X, lower, upper, ell, self.regions.active_dims,
                           self.halo_eps if eps is None else eps)
+
+    def training_halo(self, X: torch.Tensor, subsample: bool = False) -> Halo:
+        """The pairs at the bound inputs (or a sorted random ``subsample`` of them) within a
+        planned width: nothing read back but once every few builds (:class:`HaloPlans`)."""
+        lower, upper = self.regions.bounds()
+        ell = self.regions.active_lengthscale(self.kernel.lengthscale)
+        return self._halo_plans.build(X, lower, upper, ell, self.regions.active_dims,
+                                      self.halo_eps, subsample)
 
     def projections(self, X: torch.Tensor, halo: Halo | None = None,
                     prior_chol: torch.Tensor | None = None):
@@ -239,23 +224,6 @@ class DistributedKernelGP(PyroModule):
         prior_chol = self.prior_cholesky() if prior_chol is None else prior_chol
         A, prior_diag = pair_projections(X, halo, self.inducing, *self._kernel_args(), prior_chol)
         return halo, A, prior_diag, prior_chol
-
-    def keep_projections(self, projections) -> None:
-        """Hand :meth:`projections` of the bound inputs to the next full-batch evaluation of
-        :meth:`model`, which uses them (once) if no parameter has changed in between: a solve for
-        q before a training step then shares the step's O(n m²) projection."""
-        self._kept_projections = (self._state_versions(), projections)
-
-    def _take_projections(self):
-        """The kept projections if still valid (no parameter changed), else None; forgets them."""
-        kept, self._kept_projections = self._kept_projections, None
-        if kept is None or kept[0] != self._state_versions():
-            return None
-        return kept[1]
-
-    def _state_versions(self) -> tuple[tuple[int, int], ...]:
-        """Identity and in-place version of every parameter and buffer (the bound data too)."""
-        return tuple((id(t), t._version) for t in (*self.parameters(), *self.buffers()))
 
     def latent(self, X: torch.Tensor, halo: Halo | None = None, projections=None
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -286,32 +254,81 @@ class DistributedKernelGP(PyroModule):
 
     def elbo(self, X: torch.Tensor | None = None, y: torch.Tensor | None = None,
              halo: Halo | None = None, projections=None) -> torch.Tensor:
-        """The exact ELBO on full data (a scalar); by default on the bound data."""
+        """The exact ELBO on full data (a scalar); by default on the bound data (through the
+        planned halo of training, so that a training step may call it)."""
         if X is None:
             X, y = self.bound_data()
+            if halo is None and projections is None:
+                halo = self.training_halo(X)
         return self.expected_log_lik(X, y, halo, projections).sum() - self.kl()
+
+    def collapsed_bound(self) -> torch.Tensor:
+        """F_MF(θ, Z, cuts) on the bound data, q set to its optimum on the way (module
+        docstring)."""
+        return self._collapsed_bound()[0]
+
+    def _collapsed_bound(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """F_MF and whether the planned halo overflowed (then F_MF missed pairs: a lengthscale
+        grew past the margin since the last width check)."""
+        X, y = self.bound_data()
+        projections = self.projections(X, self.training_halo(X))
+        backfitting.solve_meanfield(self, X, y, max_iters=backfitting.OBJECTIVE_ITERATIONS,
+                                    tol=backfitting.solve_tol(X.dtype), projections=projections,
+                                    checked=False)
+        return self.elbo(X, y, projections=projections), projections[0].overflow
+
+    def _lbfgs_objective(self) -> torch.Tensor:
+        """−F_MF [1], NaN where the halo overflowed, so that L-BFGS rejects that step."""
+        bound, overflow = self._collapsed_bound()
+        return torch.where(overflow, math.nan, -bound).reshape(1)
+
+    def member_objectives(self, precise: bool = False) -> list | None:
+        """One member for the batched L-BFGS of the trainer: (the parameters but q, −F_MF) when
+        collapsed, else (all parameters, −ELBO) on full batches. There is no more precise
+        objective (``precise=True`` gives None): the fit ends on the trainer's change test, as
+        pinning hundreds of inducing inputs to rounding would take hundreds of steps for nothing
+        a prediction could show."""
+        if precise:
+            return None
+        if self.collapsed:
+            owned = {id(p) for p in self.layer.variational_parameters()}
+            parameters = [p for p in self.parameters() if p.requires_grad and id(p) not in owned]
+            return [(parameters, self._lbfgs_objective)]
+        if self.batch_size is not None:
+            raise ValueError("L-BFGS needs full batches; minibatches train with Adam")
+        return [([p for p in self.parameters() if p.requires_grad],
+                 lambda: -self.elbo().reshape(1))]
 
     # Pyro model / guide ---------------------------------------------------------------------------
     @pyro_method
     def model(self):
         """Whitened prior v ~ N(0, I); the data term as a per-point factor in a data plate,
-        subsampled to ``batch_size`` points (scaled n/B)."""
+        subsampled to ``batch_size`` points (scaled n/B). Collapsed: the one factor F_MF."""
+        if torch.jit.is_tracing():
+            raise NotImplementedError(
+                "the distributed-kernel GP cannot be traced (JitTraceMeanField_ELBO): which "
+                "points each region touches changes with ℓ and the cuts; use "
+                "TraceMeanField_ELBO")
+        if self.collapsed:
+            pyro.factor(self._pyro_get_fullname("collapsed"), self.collapsed_bound())
+            return
         X, y = self.bound_data()
-        projections = self._take_projections()
         self.layer.sample(self._pyro_get_fullname("u"), posterior=False)
         with pyro.plate(self._pyro_get_fullname("points"), X.shape[0],
                         subsample_size=self.batch_size, device=X.device, dim=-1) as index:
-            if self.batch_size is not None:
+            subsample = self.batch_size is not None
+            if subsample:
                 index = index.sort().values        # sorted points keep the halo a binary search
-                X, y, projections = X[index], y[index], None
-            pyro.factor(self._pyro_get_fullname("data"),
-                        self.expected_log_lik(X, y, projections=projections))
+                X, y = X[index], y[index]
+            halo = self.training_halo(X, subsample)
+            pyro.factor(self._pyro_get_fullname("data"), self.expected_log_lik(X, y, halo))
 
     @pyro_method
     def guide(self, *args, **kwargs):
-        """q(v) = Π_j N(m_j, L_j L_jᵀ) (mean-field) or N(m, L Lᵀ) (joint); arguments are
-        ignored."""
-        self.layer.sample(self._pyro_get_fullname("u"), posterior=True)
+        """q(v) = Π_j N(m_j, L_j L_jᵀ) (mean-field) or N(m, L Lᵀ) (joint); nothing when
+        collapsed (q is set by the model). Arguments are ignored."""
+        if not self.collapsed:
+            self.layer.sample(self._pyro_get_fullname("u"), posterior=True)
 
     @pyro_method
     def predictive_model(self, X: torch.Tensor | None = None

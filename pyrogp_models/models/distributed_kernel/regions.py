@@ -123,7 +123,7 @@ class Regions(PyroModule):
             upper_index.append(torch.where(torch.isfinite(high), torch.searchsorted(values, high),
                                            -1))
         shape = (num_regions, len(active))
-        empty = torch.zeros(shape, dtype=torch.long)
+        empty = torch.zeros(shape, dtype=torch.long, device=lower.device)
         lower_index = torch.stack(lower_index, -1) if active else empty
         upper_index = torch.stack(upper_index, -1) if active else empty.clone()
         return cls(input_dim, active, cut_values, lower_index, upper_index, learn_cuts)
@@ -147,11 +147,10 @@ class Regions(PyroModule):
             empty = values.new_zeros(self.num_regions, 0)
             return empty, empty.clone()
         dims = torch.arange(num_active, device=values.device).expand(self.num_regions, -1)
-        inf = torch.tensor(math.inf, dtype=values.dtype, device=values.device)
         lower = torch.where(self.lower_index >= 0, values[dims, self.lower_index.clamp_min(0)],
-                            -inf)
+                            -math.inf)
         upper = torch.where(self.upper_index >= 0, values[dims, self.upper_index.clamp_min(0)],
-                            inf)
+                            math.inf)
         return lower, upper
 
     def full_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:

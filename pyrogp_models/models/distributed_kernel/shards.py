@@ -41,8 +41,8 @@ import torch
 from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.distributed_kernel.halo import build_halo
-from pyrogp_models.models.distributed_kernel.model import (
-    DistributedKernelGP,
+from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
+from pyrogp_models.models.distributed_kernel.projections import (
     meanfield_moments,
     pair_projections,
     prior_cholesky,
@@ -94,7 +94,7 @@ def ghost_regions(model: DistributedKernelGP, shard: Shard) -> torch.Tensor:
     """Regions whose grown box meets the shard's bounding box (always including its owner)."""
     lower, upper = model.regions.bounds()
     if not model.regions.active_dims:
-        return torch.arange(model.num_regions)
+        return torch.arange(model.num_regions, device=lower.device)
     ell = model.regions.active_lengthscale(model.kernel.lengthscale)
     radius = halo_radius(ell, model.halo_eps)
     box_lo = model.regions.active(shard.box_lower)
@@ -202,7 +202,7 @@ def sharded_elbo(model: DistributedKernelGP, runner) -> torch.Tensor:
                 grads[key].index_add_(0, payload["ghosts"], grad)
             else:
                 grads[key] += grad
-    surrogate = torch.zeros((), dtype=state["variance"].dtype)
+    surrogate = state["variance"].new_zeros(())
     for key, value in state.items():
         if value.requires_grad:
             shift = torch.where(torch.isfinite(value), value - value.detach(), 0.0)

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import torch
 
 from pyrogp_models.errors import CholeskyError, DataError
-from pyrogp_models.kernels import RBF
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.distributed_kernel import collapsed
 from pyrogp_models.models.distributed_kernel.construct import init_region_inducing
+from pyrogp_models.models.distributed_kernel.local_kernels import shared_se_kernel
 from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
 from pyrogp_models.models.distributed_kernel.regions import Regions
 
@@ -48,9 +48,9 @@ class TreeResult:
 def _score(X, y, lower, upper, num_inducing, lengthscale, variance, noise, bound) -> float:
     regions = Regions.from_boxes(lower, upper)
     Z = init_region_inducing(X, regions, num_inducing)
-    kernel = RBF(X.shape[1], ard=lengthscale.numel() > 1, lengthscale=lengthscale,
-                 variance=variance, dtype=X.dtype)
-    likelihood = make_likelihood("gaussian", (), X.dtype, variance=noise)
+    kernel = shared_se_kernel(X.shape[1], lengthscale.numel() > 1, lengthscale, variance,
+                              dtype=X.dtype, device=X.device)
+    likelihood = make_likelihood("gaussian", (), X.dtype, X.device, variance=noise)
     model = DistributedKernelGP(regions, Z, kernel, likelihood, learn_inducing=False)
     with torch.no_grad():
         if bound == "joint":
