@@ -41,9 +41,9 @@ from _common import (  # noqa: E402
     markdown_table,
     write_json,
 )
-from pyrogp_models.inference.distributed_kernel_fit import (  # noqa: E402
-    COLLAPSED_CONFIG,
-    train_distributed_kernel,
+from pyrogp_models.inference.distributed_kernel_fit import train_distributed_kernel  # noqa: E402
+from pyrogp_models.inference.train_config import (  # noqa: E402
+    DISTRIBUTED_KERNEL_COLLAPSED_CONFIG as COLLAPSED_CONFIG,
 )
 
 from pyrogp_models.data import load_sunspots  # noqa: E402

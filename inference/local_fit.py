@@ -32,7 +32,7 @@ from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.identifiability import require_identifiable
 from pyrogp_models.data.partitioners import Partition
-from pyrogp_models.kernels import resolve_kernel
+from pyrogp_models.kernels import describable, resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS
 from pyrogp_models.models.experts.predictor import ExpertCombination
 from pyrogp_models.models.local.local_gps import LocalGPs, initial_inducing
@@ -179,12 +179,17 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
 def number_of_restarts(spec: LocalFitSpec) -> int:
     """The starts per partition: as asked, else
     :data:`~pyrogp_models.inference.train_config.DEFAULT_RESTARTS` (1 with minibatches,
-    whose estimated bound cannot tell the starts apart reliably)."""
+    whose estimated bound cannot tell the starts apart reliably, and with a kernel from outside
+    the library, whose values the starts cannot set)."""
+    outside = isinstance(spec.kernel, torch.nn.Module) and not describable(spec.kernel)
     if spec.restarts is not None:
         if spec.restarts < 1:
             raise ValueError(f"restarts must be at least 1, got {spec.restarts}")
+        if spec.restarts > 1 and outside:
+            raise ValueError("restarts need a kernel of pyrogp_models.kernels; a kernel from "
+                             "outside the library is fitted from its own values (restarts=1)")
         return spec.restarts
-    return 1 if spec.batch_size is not None else DEFAULT_RESTARTS
+    return 1 if spec.batch_size is not None or outside else DEFAULT_RESTARTS
 
 
 def collapsed_bound(spec: LocalFitSpec) -> bool:

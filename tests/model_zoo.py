@@ -18,7 +18,7 @@ import numpy as np
 import pyro
 import torch
 from pyro.nn import PyroModule
-from pyrogp_models.inference import recycling
+from pyrogp_models.inference import recycling, train_config
 from pyrogp_models.inference.distributed_kernel_fit import (
     DistributedKernelSpec,
     fit_distributed_kernel,
@@ -101,7 +101,7 @@ def _modules(dtype, collapsed=True):
 def meta_case(collapsed: bool) -> Case:
     def fit(dtype, adjust=None):
         spec = recycling.RecycleSpec(num_inducing=8, collapsed=collapsed, dtype=dtype)
-        default = recycling.COLLAPSED_CONFIG if collapsed else recycling.UNCOLLAPSED_CONFIG
+        default = train_config.COLLAPSED_CONFIG if collapsed else train_config.UNCOLLAPSED_CONFIG
         result = recycling.recycle(_modules(dtype), spec, _config(default, adjust))
         return Fitted(result.model, result.result, result.module.predict_y,
                       result.standardisation.transform_x)
@@ -117,7 +117,7 @@ def multioutput_case() -> Case:
                             LocalFitSpec(num_inducing=5, dtype=dtype)).modules
         spec = recycling.RecycleSpec(num_inducing=6, dtype=dtype)
         result = recycling.recycle_multioutput(modules, 2, spec,
-                                               _config(recycling.UNCOLLAPSED_CONFIG, adjust))
+                                               _config(train_config.UNCOLLAPSED_CONFIG, adjust))
         predictor = result.predictor("part001")
         return Fitted(result.model, result.result, predictor.predict_y,
                       predictor.standardisation.transform_x)

@@ -10,12 +10,14 @@ import pytest
 import torch
 from pyrogp_models.inference.cli import main
 from pyrogp_models.inference.distributed_kernel_fit import (
-    COLLAPSED_CONFIG,
-    SVI_CONFIG,
     DistributedKernelSpec,
     fit_distributed_kernel,
 )
 from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.train_config import (
+    DISTRIBUTED_KERNEL_COLLAPSED_CONFIG as COLLAPSED_CONFIG,
+)
+from pyrogp_models.inference.train_config import DISTRIBUTED_KERNEL_SVI_CONFIG as SVI_CONFIG
 from pyrogp_models.inference.trainer import TrainConfig
 
 from helpers import (

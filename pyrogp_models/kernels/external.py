@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 
 import torch
-from pyro.nn import PyroModuleList
+from pyro.nn import PyroModule, PyroModuleList
 
 from pyrogp_models.kernels.base import Kernel
 
@@ -33,7 +33,7 @@ class External(Kernel):
         super().__init__(input_dim, None, batch)
         count = math.prod(batch)
         if copies is None:
-            copies = [kernel] if count == 1 else [copy.deepcopy(kernel) for _ in range(count)]
+            copies = [kernel] if count == 1 else [detached_copy(kernel) for _ in range(count)]
         if len(copies) != count:
             raise ValueError(f"{len(copies)} kernels for a batch of {count}")
         self.copies = PyroModuleList(list(copies))
@@ -94,3 +94,14 @@ def as_kernel(kernel) -> Kernel:
     raise TypeError(f"expected a kernel (pyrogp_models.kernels, pyro.contrib.gp.kernels or a "
                     f"PyroModule with forward(X, Z=None, diag=False)), got "
                     f"{type(kernel).__name__}")
+
+
+def detached_copy(kernel: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy that a new module can hold: a copy of a PyroModule that has run keeps the
+    record of its run (its Pyro context), and Pyro refuses to adopt such a module as a
+    submodule; every copied PyroModule gets a fresh context."""
+    copied = copy.deepcopy(kernel)
+    for module in copied.modules():
+        if isinstance(module, PyroModule):
+            module._pyro_context = type(module._pyro_context)()
+    return copied

@@ -10,14 +10,13 @@ kernels from outside are deep-copied.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable, Sequence
 
 import torch
 
 from pyrogp_models.kernels.base import Kernel
-from pyrogp_models.kernels.external import External
+from pyrogp_models.kernels.external import External, detached_copy
 from pyrogp_models.kernels.registry import describable, kernel_from_tree
 
 
@@ -31,7 +30,7 @@ def frozen(kernel: Kernel) -> Kernel:
     """A copy with the same values and no gradient."""
     if describable(kernel):
         return _rebuilt(kernel, lambda v: v.clone(), len(kernel.batch_shape))
-    return copy.deepcopy(kernel).requires_grad_(False)
+    return detached_copy(kernel).requires_grad_(False)
 
 
 def moved(kernel: Kernel, dtype: torch.dtype | None = None, device=None) -> Kernel:
@@ -46,7 +45,7 @@ def member(kernel: Kernel, index: int) -> Kernel:
         return _rebuilt(kernel, lambda v: v[index].clone(), len(kernel.batch_shape) - 1)
     if isinstance(kernel, External):
         per_member = len(kernel.copies) // kernel.batch_shape[0]
-        copies = [copy.deepcopy(kernel.copies[index * per_member + j]).requires_grad_(False)
+        copies = [detached_copy(kernel.copies[index * per_member + j]).requires_grad_(False)
                   for j in range(per_member)]
         return External(copies[0], kernel.batch_shape[1:], copies)
     raise TypeError(f"cannot take a member of a {type(kernel).__name__}")

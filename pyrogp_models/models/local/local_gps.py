@@ -235,10 +235,14 @@ class LocalGPs(PyroModule):
 
     def partition_values(self, values: list) -> list:
         """Per-member values in the order of :meth:`member_objectives` (group by group) →
-        partition order (empty stays empty)."""
+        partition order (empty stays empty; one value of a group that is one member, with a
+        kernel from outside the library, stands for each of its partitions)."""
         if not values:
             return []
         order = torch.cat(self.group_members).tolist()
+        if len(values) < len(order):
+            values = [value for group, value in zip(self.group_members, values, strict=True)
+                      for _ in range(len(group))]
         out = [None] * len(order)
         for k, value in zip(order, values, strict=True):
             out[k] = value

@@ -33,7 +33,7 @@ from pyro.nn import PyroModule, pyro_method
 
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
-from pyrogp_models.kernels import Kernel
+from pyrogp_models.kernels import Kernel, describable
 from pyrogp_models.layers import OneLayer, SparseGPLayer, unique_name
 from pyrogp_models.likelihoods import Likelihood, latent_layout
 from pyrogp_models.models.local import collapsed
@@ -232,9 +232,13 @@ class BatchedSVGP(OneLayer, PyroModule):
 
     def member_objectives(self, precise: bool = False) -> list:
         """(parameters, −objective [K]): the K partitions are independent members, so an
-        optimiser may keep one memory and one step length per partition."""
-        return [([p for p in self.parameters() if p.requires_grad],
-                 lambda: -self.objective(precise=precise))]
+        optimiser may keep one memory and one step length per partition. A kernel from outside
+        the library keeps one copy per partition with no member dimension: the K partitions are
+        then one member, −Σ_k objective_k [1]."""
+        parameters = [p for p in self.parameters() if p.requires_grad]
+        if not describable(self.kernel) and math.prod(self.kernel.batch_shape) > 1:
+            return [(parameters, lambda: -self.objective(precise=precise).sum().reshape(1))]
+        return [(parameters, lambda: -self.objective(precise=precise))]
 
     def _data(self, X, y, mask):
         if X is not None:

@@ -1,0 +1,123 @@
+"""Kernels in fits: every kind through a fit and its file, kernels from pyro.contrib.gp under the
+library's trainer and a user's SVI, a composite meta-GP recycled from itself, restarts that keep
+the higher bound, and the command line's list of kernel names."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyro
+import pyro.contrib.gp as gp
+import pytest
+import torch
+from pyro.infer import SVI, TraceMeanField_ELBO
+from pyrogp_models.inference.commands.arguments import KERNEL_KINDS
+from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.recycling import RecycleSpec, recycle
+from pyrogp_models.inference.train_config import TrainConfig
+
+from pyrogp_models.data.partitioners import partition_contiguous
+from pyrogp_models.errors import ModuleFileError
+from pyrogp_models.gaussian import conditionals
+from pyrogp_models.kernels import KINDS, member, parse_kernel
+from pyrogp_models.models.meta.meta_gp import MetaGP
+from pyrogp_models.modules.files import load_modules, save_modules
+from pyrogp_models.modules.stack import ModuleStack
+
+EXPRESSIONS = {kind: kind for kind in sorted(KINDS) if kind not in ("constant", "white")}
+EXPRESSIONS |= {"constant": "rbf + constant", "white": "rbf + white",
+                "composite": "rbf + periodic(period=1) * rbf + rq"}
+
+
+def seasonal_series(n: int = 120, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A trend plus a yearly cycle plus noise, x in years."""
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(0.0, 6.0, n))
+    y = 0.4 * x + np.sin(2 * np.pi * x) + 0.1 * rng.standard_normal(n)
+    return x[:, None], y
+
+
+def short_fit(kernel, partitions: int = 2, **spec):
+    X, y = seasonal_series()
+    return fit_local((X, y, partition_contiguous(X, partitions)),
+                     LocalFitSpec(num_inducing=8, kernel=kernel, **spec),
+                     TrainConfig(optimizer="lbfgs", lr=1.0, steps=30, window=10, tol=None))
+
+
+@pytest.mark.parametrize("name", EXPRESSIONS)
+def test_every_kernel_survives_its_file(tmp_path, name):
+    fit = short_fit(EXPRESSIONS[name], restarts=1)
+    save_modules(fit.modules, tmp_path / "modules", fit.partition)
+    loaded = load_modules(tmp_path / "modules")
+    X = np.linspace(-1.0, 7.0, 25)[:, None]
+    for key, module in fit.modules.items():
+        assert loaded[key].kernel.tree() == module.kernel.tree()
+        for got, want in zip(loaded[key].predict_y(X), module.predict_y(X), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def contrib_kernel() -> gp.kernels.Kernel:
+    return gp.kernels.Sum(gp.kernels.RBF(1), gp.kernels.Periodic(1))
+
+
+def test_a_pyro_contrib_gp_kernel_fits_and_predicts():
+    fit = short_fit(contrib_kernel(), restarts=1)
+    X = np.linspace(0.0, 6.0, 40)[:, None]
+    mean, var = fit.predictor.predict_y(X)
+    assert torch.isfinite(mean).all() and bool((var > 0).all())
+    copies = [dict(k.named_parameters()) for g in fit.model.groups for k in g.kernel.copies]
+    assert len(copies) == 2  # one kernel per partition, each with its own values
+    moved = [name for name, value in copies[0].items()
+             if not torch.equal(value, copies[1][name])]
+    assert moved
+
+
+def test_every_parameter_of_a_pyro_contrib_gp_kernel_moves_under_a_users_svi(param_mode):
+    model = short_fit(contrib_kernel(), restarts=1, collapsed=False).model
+    kernel = {name: p.detach().clone() for name, p in model.named_parameters()
+              if "copies" in name and p.requires_grad}
+    assert kernel
+    svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": 0.05}), TraceMeanField_ELBO())
+    for _ in range(3):
+        svi.step()
+    unmoved = [name for name, p in model.named_parameters()
+               if name in kernel and torch.equal(p.detach(), kernel[name])]
+    assert unmoved == []
+
+
+def test_a_module_with_a_kernel_from_outside_is_refused_before_anything_is_written(tmp_path):
+    fit = short_fit(contrib_kernel(), restarts=1)
+    with pytest.raises(ModuleFileError, match="cannot be saved.*saveable") as error:
+        save_modules(fit.modules, tmp_path / "modules", fit.partition)
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "modules").exists() or not any((tmp_path / "modules").iterdir())
+
+
+def test_a_composite_meta_gp_recycled_from_itself_returns_itself():
+    fit = short_fit(EXPRESSIONS["composite"], restarts=1)
+    level_one = recycle(fit.modules, RecycleSpec(num_inducing=10,
+                                                 kernel=EXPRESSIONS["composite"])).module
+    kernel = member(level_one.kernel, 0)  # its own composite kernel, batch shape ()
+    assert kernel.tree() == parse_kernel(EXPRESSIONS["composite"], 1).tree()
+    level_two = MetaGP(ModuleStack.from_modules({"level1": level_one}), level_one.inducing,
+                       kernel, learn_inducing=False, learn_kernel=False,
+                       jitter=level_one.jitter)
+    level_two.set_optimal_posterior()
+    mean, chol = conditionals.unwhiten(level_two.prior_cholesky(), level_two.q_mean,
+                                       level_two.q_sqrt)
+    # equal to rounding amplified by the conditioning of the composite K_**
+    torch.testing.assert_close(mean.detach(), level_one.q_mean[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close((chol @ chol.mT).detach(),
+                               level_one.q_chol[0] @ level_one.q_chol[0].T, rtol=1e-5, atol=1e-6)
+
+
+def test_restarts_end_no_lower_than_a_single_start():
+    X, y = seasonal_series(200, seed=1)
+    data = (X, y, partition_contiguous(X, 3))
+    single = fit_local(data, LocalFitSpec(num_inducing=12, restarts=1))
+    several = fit_local(data, LocalFitSpec(num_inducing=12, restarts=3))
+    one, three = single.model.elbo().detach(), several.model.elbo().detach()
+    assert bool((three >= one - 1e-5 * one.abs()).all()), (one, three)
+
+
+def test_the_command_line_names_every_kernel_kind():
+    assert set(KERNEL_KINDS) == set(KINDS)
