@@ -91,8 +91,8 @@ def ensemble_like(authors: types.SimpleNamespace, meta, stack) -> torch.nn.Modul
             for k, name in enumerate(group.names):
                 jitter = stack.modules[name].jitter
                 kernel = _jittered(authors.RBF, jitter)(variance=1.0, length_scale=1.0)
-                kernel.variance.copy_(group.variance[k, 0])
-                kernel.length_scale.copy_(group.lengthscale[k, 0, :1])
+                kernel.variance.copy_(group.kernel.variance[k, 0])
+                kernel.length_scale.copy_(group.kernel.lengthscale[k, 0, :1])
                 model = authors.SVGP(kernel, authors.Gaussian(), group.num_inducing)
                 model.z = torch.nn.Parameter(group.inducing[k].clone(), requires_grad=False)
                 model.q_m = torch.nn.Parameter(mean[k].unsqueeze(-1).clone())

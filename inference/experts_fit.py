@@ -19,7 +19,7 @@ from pyrogp_models.inference.local_fit import (
     PartitionedData,
     model_inputs,
 )
-from pyrogp_models.inference.restarts import restart_scales
+from pyrogp_models.inference.restarts import best_start, restart_scales
 from pyrogp_models.inference.train_config import DEFAULT_RESTARTS, EXPERTS_CONFIG, TrainConfig
 from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 
@@ -87,7 +87,7 @@ def fit_exact_experts(data: PartitionedData | tuple, spec: ExpertsSpec | None = 
     require_identifiable(X, y)  # the experts share their hyperparameters: all rows identify them
     config = config or DEFAULT_TRAIN_CONFIG
     with parameter_scope(config):  # nothing is left in Pyro's global parameter store
-        best = None
+        runs = []
         starts = DEFAULT_RESTARTS if spec.restarts is None else spec.restarts
         for lengthscale, noise in restart_scales(starts if config.steps > 0 else 1).tolist():
             model = ExactExperts(X_model, y_model, partition, kernel, spec.ard,
@@ -97,10 +97,8 @@ def fit_exact_experts(data: PartitionedData | tuple, spec: ExpertsSpec | None = 
                 warnings.simplefilter("always", NotConvergedWarning)
                 result = (train(model, config=config) if config.steps > 0
                           else TrainResult(converged=True))
-            value = float(model.log_marginal().sum())
-            if best is None or value > best[0]:
-                best = (value, model, result, caught)
-        _, model, result, caught = best
+            runs.append((model.log_marginal().sum().detach(), model, result, caught))
+        _, model, result, caught = runs[int(best_start(torch.stack([run[0] for run in runs])))]
         for warning in caught:
             warnings.warn_explicit(warning.message, warning.category, warning.filename,
                                    warning.lineno)

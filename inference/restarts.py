@@ -6,7 +6,8 @@ rule's start, 2.1 ppm held-out error, with the seasonal cycle as "noise"), or th
 explains the structure.
 Which one a fit reaches depends on its start. With R restarts every partition is fitted from R
 starts at once — R members of one batched model, each a copy of the partition's data — and the
-start whose bound is highest after a screening fit is continued alone.
+start whose bound is highest after a screening fit (the earliest within :data:`MARGIN`) is
+continued alone.
 
 The starts (:func:`restart_scales`): the library's rule (:mod:`~pyrogp_models.models.local.
 initialisation`), whose lengthscale is about the spacing of the inducing inputs, then
@@ -34,6 +35,18 @@ from pyrogp_models.errors import NotConvergedWarning
 LONGEST = 4.0
 #: The smallest restart noise, relative to the rule's (10 % of each partition's variance).
 QUIETEST = 1e-2
+#: A later start is kept only when its bound beats every earlier start's by more than this
+#: (relative): starts that reach one optimum tie, and rounding (float32 against float64, another
+#: batch composition) cannot swap the winner between them.
+MARGIN = 1e-4
+
+
+def best_start(values: torch.Tensor) -> torch.Tensor:
+    """The first start [...] whose bound in ``values`` [..., R] is within :data:`MARGIN`
+    (relative) of the highest."""
+    top = values.max(-1, keepdim=True).values
+    near = values >= top - MARGIN * top.abs().clamp_min(1.0)
+    return near.to(torch.int8).argmax(-1)  # the first True
 
 
 def restart_scales(restarts: int) -> torch.Tensor:
@@ -63,7 +76,7 @@ def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tens
         warnings.simplefilter("ignore", NotConvergedWarning)
         train(screen_model, config=config)
     screen_model.finalise()  # the collapsed bound's q(u) at its optimum: the ELBO is the bound
-    best = screen_model.elbo().reshape(K, R).argmax(-1).cpu().numpy()
+    best = best_start(screen_model.elbo().reshape(K, R)).cpu().numpy()
     return best, _winners_state(screen_model, best, R)
 
 

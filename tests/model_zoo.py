@@ -79,7 +79,7 @@ def local_case(likelihood="gaussian", collapsed=None, batch_size=None) -> Case:
     def fit(dtype, adjust=None):
         X, y = series(likelihood=likelihood)
         spec = LocalFitSpec(num_inducing=5, likelihood=likelihood, collapsed=collapsed,
-                            batch_size=batch_size, dtype=dtype)
+                            batch_size=batch_size, restarts=1, dtype=dtype)  # one training run
         result = fit_local((X, y, partition_contiguous(X, 3)), spec,
                            _config(default_config(spec), adjust))
         return Fitted(result.model, result.result, result.predictor.predict_y,
@@ -128,7 +128,8 @@ def multioutput_case() -> Case:
 def experts_case() -> Case:
     def fit(dtype, adjust=None):
         X, y = series(60)
-        result = fit_exact_experts((X, y, partition_random(60, 3, 0)), ExpertsSpec(dtype=dtype),
+        result = fit_exact_experts((X, y, partition_random(60, 3, 0)),
+                                   ExpertsSpec(restarts=1, dtype=dtype),  # one training run
                                    _config(DEFAULT_TRAIN_CONFIG, adjust))
         return Fitted(result.model, result.result, result.predictor.predict_y,
                       result.standardisation.transform_x)

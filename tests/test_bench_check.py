@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pyrogp_models.data import Standardisation
-from pyrogp_models.kernels import Stationary
+from pyrogp_models.kernels import Stationary, stationary_kernel
 from pyrogp_models.models.meta.meta_gp import MetaGP
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.stack import ModuleStack
@@ -61,9 +61,10 @@ def meta_gp_objective():
     modules = {}
     for k in range(2):
         Z = torch.linspace(0.0, 1.0, 3, dtype=torch.float64).unsqueeze(-1) + k
+        kernel = stationary_kernel("rbf", torch.tensor([[0.6]], dtype=torch.float64),
+                                   torch.tensor([1.0], dtype=torch.float64), 1)
         modules[f"m{k}"] = Module(
-            "rbf", torch.tensor([[0.6]], dtype=torch.float64),
-            torch.tensor([1.0], dtype=torch.float64), "gaussian", {},
+            kernel, "gaussian", {},
             {"variance": torch.tensor(0.1, dtype=torch.float64)}, Z,
             torch.randn(1, 3, generator=generator, dtype=torch.float64),
             0.3 * torch.eye(3, dtype=torch.float64).unsqueeze(0), 10, 0.0, identity, 1e-6)

@@ -59,6 +59,7 @@ class Leaf(Kernel):
             raise ValueError(f"the {self.kind} kernel has no hyperparameter "
                              f"{', '.join(sorted(unknown))}; it has {', '.join(sorted(names))}")
         self.ard = bool(ard)
+        self.held = False
         self.fixed = tuple(h.name for h in self.hyperparameters if h.name in fixed)
         self.given = tuple(h.name for h in self.hyperparameters if h.name in values)
         for h in self.hyperparameters:
@@ -79,8 +80,17 @@ class Leaf(Kernel):
             return (*self.batch_shape, self.input_dim if self.ard else 1)
         return tuple(self.batch_shape)
 
+    def hold(self) -> Leaf:
+        """Hold every value as a constant (a buffer), as the kernel of a fitted module is: no
+        gradient and nothing in Pyro's parameter store when it is evaluated; :meth:`tree` still
+        records which values were fixed during the fit. Returns the leaf."""
+        self.held = True
+        for h in self.hyperparameters:
+            self._set(h, getattr(self, h.name).detach().clone())
+        return self
+
     def _set(self, h: Hyperparameter, value: torch.Tensor) -> None:
-        if h.name in self.fixed:
+        if h.name in self.fixed or self.held:
             if h.name in self._pyro_params:
                 delattr(self, h.name)
             self.register_buffer(h.name, value)

@@ -17,17 +17,26 @@ import torch
 
 from pyrogp_models.kernels.base import Kernel
 from pyrogp_models.kernels.external import External, detached_copy
+from pyrogp_models.kernels.leaf import Leaf
 from pyrogp_models.kernels.registry import describable, kernel_from_tree
+
+
+def held(kernel: Kernel) -> Kernel:
+    """``kernel`` with every leaf's values held as constants (:meth:`Leaf.hold`)."""
+    for _, leaf in kernel.parts():
+        if isinstance(leaf, Leaf):
+            leaf.hold()
+    return kernel.requires_grad_(False)
 
 
 def _rebuilt(kernel: Kernel, change: Callable[[torch.Tensor], torch.Tensor], batch_dims: int
              ) -> Kernel:
     values = {name: change(value.detach()) for name, value in kernel.named_values().items()}
-    return kernel_from_tree(kernel.tree(), values, batch_dims=batch_dims).requires_grad_(False)
+    return held(kernel_from_tree(kernel.tree(), values, batch_dims=batch_dims))
 
 
 def frozen(kernel: Kernel) -> Kernel:
-    """A copy with the same values and no gradient."""
+    """A copy with the same values held as constants (:func:`held`)."""
     if describable(kernel):
         return _rebuilt(kernel, lambda v: v.clone(), len(kernel.batch_shape))
     return detached_copy(kernel).requires_grad_(False)
@@ -64,8 +73,7 @@ def stack(kernels: Sequence[Kernel]) -> Kernel:
         raise ValueError("only kernels of one structure from pyrogp_models.kernels stack")
     values = {name: torch.stack([k.named_values()[name].detach() for k in kernels])
               for name in first.named_values()}
-    return kernel_from_tree(first.tree(), values, batch_dims=len(first.batch_shape) + 1
-                            ).requires_grad_(False)
+    return held(kernel_from_tree(first.tree(), values, batch_dims=len(first.batch_shape) + 1))
 
 
 def _dtype(kernel: Kernel) -> torch.dtype:

@@ -183,4 +183,4 @@ def stationary_kernel(family: str, lengthscale: torch.Tensor, variance: torch.Te
     stored it."""
     return Stationary(family, input_dim, tuple(variance.shape), ard=lengthscale.shape[-1] > 1,
                       lengthscale=lengthscale, variance=variance, dtype=lengthscale.dtype,
-                      device=lengthscale.device).requires_grad_(False)
+                      device=lengthscale.device).hold().requires_grad_(False)

@@ -32,6 +32,7 @@ from pyrogp_models.kernels import (
     PROFILES,
     Kernel,
     describable,
+    held,
     kernel_from_tree,
     stationary_kernel,
 )
@@ -122,7 +123,7 @@ def _stored_kernel(record: dict, tensors: dict, version: int, fail) -> Kernel:
     [L, D|1] and ``variance`` [L] (formats 1 and 2)."""
     if version >= 3:
         try:
-            return kernel_from_tree(record["kernel"], tensors, batch_dims=1).requires_grad_(False)
+            return held(kernel_from_tree(record["kernel"], tensors, batch_dims=1))
         except ModuleFileError as error:
             raise fail(str(error)) from None
     family, lengthscale = record["kernel_family"], tensors["lengthscale"]
