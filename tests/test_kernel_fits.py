@@ -110,6 +110,17 @@ def test_a_composite_meta_gp_recycled_from_itself_returns_itself():
                                level_one.q_chol[0] @ level_one.q_chol[0].T, rtol=1e-5, atol=1e-6)
 
 
+def test_a_part_switched_off_in_training_still_makes_a_valid_module(tmp_path):
+    fit = short_fit(EXPRESSIONS["composite"], restarts=1)
+    rq = fit.model.groups[0].kernel.parts()[-1][1]
+    with torch.no_grad():
+        rq.variance_unconstrained.fill_(-1e4)  # exp underflows: the variance is exactly zero
+    assert bool((rq.variance == 0).all())
+    modules = fit.model.to_modules(fit.standardisation)
+    save_modules(modules, tmp_path / "modules", fit.partition)
+    assert set(load_modules(tmp_path / "modules")) == set(modules)
+
+
 def test_restarts_end_no_lower_than_a_single_start():
     X, y = seasonal_series(200, seed=1)
     data = (X, y, partition_contiguous(X, 3))

@@ -31,7 +31,16 @@ def held(kernel: Kernel) -> Kernel:
 
 def _rebuilt(kernel: Kernel, change: Callable[[torch.Tensor], torch.Tensor], batch_dims: int
              ) -> Kernel:
-    values = {name: change(value.detach()) for name, value in kernel.named_values().items()}
+    """A held copy with ``change`` applied to every value; a positive value that underflowed to
+    zero in training (a part the fit switched off) becomes the dtype's smallest normal number,
+    so that the copy is a valid kernel."""
+    positive = {f"kernel.{path}.{h.name}".replace("..", ".") for path, leaf in kernel.parts()
+                if isinstance(leaf, Leaf) for h in leaf.hyperparameters if h.positive}
+    values = {}
+    for name, value in kernel.named_values().items():
+        value = change(value.detach())
+        values[name] = (value.clamp_min(torch.finfo(value.dtype).tiny) if name in positive
+                        else value)
     return held(kernel_from_tree(kernel.tree(), values, batch_dims=batch_dims))
 
 
