@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    RESULTS_DIR,
     format_seconds,
     interleaved_times,
     load_average,
@@ -193,6 +194,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="where to write the JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     s = QUICK if args.quick else FULL
@@ -212,7 +214,9 @@ def main(argv=None) -> dict:
                 f"ELBO + gradient, K = {s.partitions}, N_k = {s.points}, M = {s.inducing}")
     print(f"restarts: {restarts['time_ratio']:.2f}× the time without, "
           f"{restarts['partitions_better_with_restarts']} of {s.converge_k} partitions better")
-    write_json("kernels_quick.json" if args.quick else "kernels.json", payload)
+    path = write_json(args.out or RESULTS_DIR / f"kernels{'_quick' if args.quick else ''}.json",
+                      payload)
+    print(f"JSON written to {path}")
     return payload
 
 
