@@ -160,11 +160,12 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
                                                  spec.inducing_init,
                                                  seeded_generator(config, spec))
     with parameter_scope(config):  # nothing is left in Pyro's global parameter store
-        model = build(X_model, y_model, partition, inducing)
-        if number_of_restarts(spec) > 1:
-            _, state = restarts.screen(build, X_model, y_model, partition, inducing,
-                                       number_of_restarts(spec), replace(config, pin=False))
-            model.load_state_dict(state, strict=False)
+        starts = None
+        if number_of_restarts(spec) > 1:  # the best start per partition, fitted afresh
+            best = restarts.screen(build, X_model, y_model, partition, inducing,
+                                   number_of_restarts(spec), replace(config, pin=False))
+            starts = restarts.restart_scales(number_of_restarts(spec))[best]
+        model = build(X_model, y_model, partition, inducing, starts)
         result = train(model, config=config)
         converged = model.partition_values(result.member_converged or [])
         modules = model.to_modules(standardisation, spec.names,

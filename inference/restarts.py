@@ -7,7 +7,7 @@ explains the structure.
 Which one a fit reaches depends on its start. With R restarts every partition is fitted from R
 starts at once — R members of one batched model, each a copy of the partition's data — and the
 start whose bound is highest after a screening fit (the earliest within :data:`MARGIN`) is
-continued alone.
+fitted again from its start, alone.
 
 The starts (:func:`restart_scales`): the library's rule (:mod:`~pyrogp_models.models.local.
 initialisation`), whose lengthscale is about the spacing of the inducing inputs, then
@@ -58,12 +58,13 @@ def restart_scales(restarts: int) -> torch.Tensor:
 
 def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tensor,
            partition: Partition, inducing: list[torch.Tensor], restarts: int,
-           config: TrainConfig) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+           config: TrainConfig) -> torch.Tensor:
     """Fit every partition from ``restarts`` starts as one batched model (``build(X, y,
     partition, inducing, start_scales, num_inducing)`` makes it) to the change test of
     ``config``, without pinning and without reporting its convergence; returns the winning start
-    per partition [K] and the state of the winners, to load into the model of the K partitions
-    built by ``build`` without restarts."""
+    per partition [K]. The fit then starts afresh from each partition's winning start, so that
+    its result does not depend on how the screen batched the partitions (its end points differ
+    by rounding amplified along flat directions; its starts do not)."""
     K, R = partition.num_partitions, restarts
     copies = np.arange(R)
     assignments = (partition.assignments[None, :] * R + copies[:, None]).reshape(-1)
@@ -76,21 +77,4 @@ def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tens
         warnings.simplefilter("ignore", NotConvergedWarning)
         train(screen_model, config=config)
     screen_model.finalise()  # the collapsed bound's q(u) at its optimum: the ELBO is the bound
-    best = best_start(screen_model.elbo().reshape(K, R)).cpu().numpy()
-    return best, _winners_state(screen_model, best, R)
-
-
-def _winners_state(screen_model, best: np.ndarray, restarts: int) -> dict[str, torch.Tensor]:
-    """Every group's tensors with a member dimension, reduced to the winning start per
-    partition (partition k's starts are members k·R … k·R + R − 1 of its group, in order)."""
-    state = {}
-    for g, (group, members) in enumerate(zip(screen_model.groups, screen_model.group_members,
-                                             strict=True)):
-        partitions = members.cpu().numpy().reshape(-1, restarts)[:, 0] // restarts
-        rows = torch.as_tensor(np.arange(len(partitions)) * restarts + best[partitions],
-                               device=members.device)
-        count = len(partitions) * restarts
-        for key, value in group.state_dict().items():
-            taken = value[rows] if value.dim() and value.shape[0] == count else value
-            state[f"groups.{g}.{key}"] = taken
-    return state
+    return best_start(screen_model.elbo().reshape(K, R)).cpu()

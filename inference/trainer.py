@@ -121,18 +121,29 @@ def _relative_change(losses: torch.Tensor, step: int, window: int, noisy: bool =
     return change / recent.mean().abs().clamp_min(1.0)
 
 
+#: A member's objective "has not changed" when its relative change is at most this many ε.
+STILL = 4
+#: Judgements in a row without a change after which a member counts as converged.
+STILL_WINDOWS = 3
+
+
 class _MemberConvergence:
     """Per-member convergence of a batched L-BFGS's objectives, judged at window ends: first the
-    relative change of each member's objective since the last judgement, with a predicted
-    decrease below the same tolerance (a member whose steps were all rejected has not changed,
-    but it has not converged); once every member has passed that, the objectives evaluated
-    precisely, until each is pinned at its optimum (unless ``pin`` is off or
-    ``member_objectives(precise=True)`` is None: the change test is then the last)."""
+    relative change of each member's objective since the last judgement; once every member has
+    passed that, the objectives evaluated precisely, until each is pinned at its optimum (unless
+    ``member_objectives(precise=True)`` is None: the change test is then the last).
+
+    Without pinning (``pin`` off: screening restarts) the change test is the last, so it asks
+    more: a predicted decrease below the same tolerance too (a member whose steps were all
+    rejected has not changed, but it has not converged), or an objective that has not changed
+    beyond rounding (:data:`STILL` ε, relative) for :data:`STILL_WINDOWS` judgements in a row
+    (its steps are accepted but change nothing)."""
 
     def __init__(self, optimizer: BatchedLBFGS, module, pin: bool = True):
         self.optimizer = optimizer
         self.module = module
         self.pin = pin
+        self.still: torch.Tensor | int = 0  # judgements in a row without a change
         self.previous: torch.Tensor | None = None
         self.refining = False
         self.finished = False
@@ -149,8 +160,15 @@ class _MemberConvergence:
     def judge(self, change: torch.Tensor, tol: float | None) -> torch.Tensor:
         """Which members have converged (they are frozen); sets ``finished`` when all are
         pinned. Without ``tol`` only members that stopped moving are frozen."""
-        converged = (self.optimizer.pinned() if self.refining
-                     else (change <= (tol or 0.0)) & self.optimizer.near(tol or 0.0))
+        if self.refining:
+            converged = self.optimizer.pinned()
+        elif self.pin:
+            converged = change <= (tol or 0.0)
+        else:
+            quiet = change <= STILL * torch.finfo(change.dtype).eps
+            self.still = torch.where(quiet, self.still + 1, 0)
+            converged = (change <= (tol or 0.0)) & (self.optimizer.near(tol or 0.0)
+                                                    | (self.still >= STILL_WINDOWS))
         self.optimizer.freeze(converged)
         if tol is not None and bool(converged.all()):
             precise = (None if self.refining or not self.pin
