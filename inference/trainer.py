@@ -303,10 +303,15 @@ def _warn_not_converged(result: TrainResult, config: TrainConfig) -> None:
     limit = (f"its time budget ({config.time_budget:g} s)"
              if config.time_budget is not None and result.steps < config.steps
              else f"its step limit ({result.steps} steps)")
-    change = (f"convergence is judged over {config.window} steps, fewer were taken"
-              if math.isinf(result.change) else
-              f"the loss still changed by {result.change:.2g} (relative) over the last "
-              f"{config.window} steps, more than the tolerance {config.tol:g}")
+    if math.isinf(result.change):
+        change = f"convergence is judged over {config.window} steps, fewer were taken"
+    elif config.tol is not None and result.change <= config.tol:
+        change = (f"the loss changed by {result.change:.2g} (relative) over the last "
+                  f"{config.window} steps, within the tolerance {config.tol:g}, but the "
+                  "parameters were not yet pinned at the optimum")
+    else:
+        change = (f"the loss still changed by {result.change:.2g} (relative) over the last "
+                  f"{config.window} steps, more than the tolerance {config.tol:g}")
     warnings.warn(NotConvergedWarning(
         f"the fit stopped at {limit} before converging{who}: {change}; allow more steps",
         result.steps, result.change, config.tol, unconverged), stacklevel=2)
