@@ -12,7 +12,7 @@ without importing torch.
 
 from __future__ import annotations
 
-import importlib
+from pyrogp_models.lazy_exports import lazy_exports
 
 #: Where each public name is defined.
 _EXPORTS = {
@@ -31,17 +31,4 @@ _EXPORTS = {
     **dict.fromkeys(["TrainResult", "train"], "pyrogp_models.inference.trainer"),
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    """A public name (:data:`__all__`), imported from its module on first use."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'pyrogp_models.inference' has no attribute '{name}'")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

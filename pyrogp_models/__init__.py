@@ -16,7 +16,7 @@ live in ``pyrogp_models.inference`` (kept in ``inference/`` at the top of the re
 
 from __future__ import annotations
 
-import importlib
+from pyrogp_models.lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -61,17 +61,4 @@ _EXPORTS = {
                      "UnboundedBoundError"], "pyrogp_models.errors"),
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    """A public name (:data:`__all__`), imported from its module on first use."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'pyrogp_models' has no attribute '{name}'")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

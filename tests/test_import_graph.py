@@ -3,8 +3,8 @@ module imports from a layer above its own, and the model families do not import 
 
 The layers, lowest first (docs/design.md, "Layers"):
 
-0. ``errors``, ``text``, ``arviz_bridge`` — leaves: exceptions, plain-text tables, the ArviZ
-   conversion;
+0. ``errors``, ``text``, ``arviz_bridge``, ``lazy_exports`` — leaves: exceptions, plain-text
+   tables, the ArviZ conversion, the packages' names imported on first use;
 1. ``gaussian`` — linear algebra, conditionals, KL divergences, expectations;
 2. ``kernels``;
 3. ``likelihoods``;
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: The rank of each layer (module docstring); siblings share a rank.
 RANKS = {
-    "errors": 0, "text": 0, "arviz_bridge": 0,
+    "errors": 0, "text": 0, "arviz_bridge": 0, "lazy_exports": 0,
     "gaussian": 1, "kernels": 2, "likelihoods": 3, "layers": 4, "data": 5, "modules": 6,
     "models.local": 7, "models.meta": 7, "models.experts": 7, "models.distributed_kernel": 7,
     "models.multitask": 7,
@@ -42,8 +42,7 @@ RANKS = {
 #: Edges (importing layer, imported module) allowed against the order, each with its reason.
 ALLOWED = {
     # The kernels name their Pyro parameters with the layers' unique_name helper, a leaf module
-    # (it imports nothing of the package). Moving the helper below the kernels means editing
-    # pyrogp_models/kernels/, which is being reworked into composable kernel objects elsewhere.
+    # (it imports nothing of the package).
     ("kernels", "pyrogp_models.layers.naming"),
 }
 

@@ -34,13 +34,12 @@ def _rebuilt(kernel: Kernel, change: Callable[[torch.Tensor], torch.Tensor], bat
     """A held copy with ``change`` applied to every value; a positive value that underflowed to
     zero in training (a part the fit switched off) becomes the dtype's smallest normal number,
     so that the copy is a valid kernel."""
-    positive = {f"kernel.{path}.{h.name}".replace("..", ".") for path, leaf in kernel.parts()
-                if isinstance(leaf, Leaf) for h in leaf.hyperparameters if h.positive}
     values = {}
-    for name, value in kernel.named_values().items():
-        value = change(value.detach())
-        values[name] = (value.clamp_min(torch.finfo(value.dtype).tiny) if name in positive
-                        else value)
+    for path, leaf in kernel.parts():  # every part is a Leaf: the kernel is describable
+        named = leaf.named_values(f"kernel.{path}" if path else "kernel")
+        for h, (name, value) in zip(leaf.hyperparameters, named.items(), strict=True):
+            value = change(value.detach())
+            values[name] = value.clamp_min(torch.finfo(value.dtype).tiny) if h.positive else value
     return held(kernel_from_tree(kernel.tree(), values, batch_dims=batch_dims))
 
 
