@@ -19,7 +19,7 @@ from pyrogp_models.inference.local_fit import (
     PartitionedData,
     model_inputs,
 )
-from pyrogp_models.inference.restarts import best_start, restart_scales
+from pyrogp_models.inference.restarts import best_start, number_of_starts, restart_scales
 from pyrogp_models.inference.train_config import DEFAULT_RESTARTS, EXPERTS_CONFIG, TrainConfig
 from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 
@@ -88,7 +88,7 @@ def fit_exact_experts(data: PartitionedData | tuple, spec: ExpertsSpec | None = 
     config = config or DEFAULT_TRAIN_CONFIG
     with parameter_scope(config):  # nothing is left in Pyro's global parameter store
         runs = []
-        starts = DEFAULT_RESTARTS if spec.restarts is None else spec.restarts
+        starts = number_of_starts(spec.restarts, DEFAULT_RESTARTS)
         for lengthscale, noise in restart_scales(starts if config.steps > 0 else 1).tolist():
             model = ExactExperts(X_model, y_model, partition, kernel, spec.ard,
                                  spec.lengthscale * lengthscale, spec.variance,

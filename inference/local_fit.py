@@ -183,14 +183,12 @@ def number_of_restarts(spec: LocalFitSpec) -> int:
     whose estimated bound cannot tell the starts apart reliably, and with a kernel from outside
     the library, whose values the starts cannot set)."""
     outside = isinstance(spec.kernel, torch.nn.Module) and not describable(spec.kernel)
-    if spec.restarts is not None:
-        if spec.restarts < 1:
-            raise ValueError(f"restarts must be at least 1, got {spec.restarts}")
-        if spec.restarts > 1 and outside:
-            raise ValueError("restarts need a kernel of pyrogp_models.kernels; a kernel from "
-                             "outside the library is fitted from its own values (restarts=1)")
-        return spec.restarts
-    return 1 if spec.batch_size is not None or outside else DEFAULT_RESTARTS
+    starts = restarts.number_of_starts(
+        spec.restarts, 1 if spec.batch_size is not None or outside else DEFAULT_RESTARTS)
+    if starts > 1 and outside:
+        raise ValueError("restarts need a kernel of pyrogp_models.kernels; a kernel from "
+                         "outside the library is fitted from its own values (restarts=1)")
+    return starts
 
 
 def collapsed_bound(spec: LocalFitSpec) -> bool:

@@ -49,6 +49,15 @@ def best_start(values: torch.Tensor) -> torch.Tensor:
     return near.to(torch.int8).argmax(-1)  # the first True
 
 
+def number_of_starts(asked: int | None, default: int) -> int:
+    """The starts asked for (at least one), else ``default``."""
+    if asked is None:
+        return default
+    if asked < 1:
+        raise ValueError(f"restarts must be at least 1, got {asked}")
+    return asked
+
+
 def restart_scales(restarts: int) -> torch.Tensor:
     """[R, 2] factors on the rule's (lengthscale, noise) for each start: (1, 1) first, then
     evenly in log scale to (:data:`LONGEST`, :data:`QUIETEST`)."""

@@ -172,6 +172,7 @@ def fit_args(data, *extra):
     ("tied values", ["--partition-by", "contiguous", "--dim", "2"], "non-empty contiguous"),
     ("duplicate points", ["--features", "group"], "cannot form 2 k-means partitions"),
     ("too few points", ["--inducing", "40"], "fewer than its 40 inducing inputs"),
+    ("no start", ["--restarts", "0"], "restarts must be at least 1"),
     ("too many partitions", ["--partitions", "61"], "cannot split 60 points into 61"),
 ])
 def test_bad_fit_input_fails_in_one_line_and_writes_nothing(capsys, tmp_path, regression_csv,

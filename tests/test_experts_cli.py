@@ -175,3 +175,13 @@ def test_an_unconverged_fit_warns_in_one_line(folder, data, capsys):
     err = capsys.readouterr().err
     assert err.startswith("pyrogp: warning: the fit stopped at its step limit (1 steps)")
     assert err.count("\n") == 1 and err.rstrip().endswith("raise --steps")
+
+
+def test_no_start_is_one_line_and_writes_nothing(folder, data, capsys):
+    capsys.readouterr()
+    out = folder / "no_start"
+    assert main(["fit-experts", str(data[0]), "--target", "y", "--experts", "2",
+                 "--restarts", "0", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == "pyrogp: error: restarts must be at least 1, got 0\n"
+    assert not out.exists()
