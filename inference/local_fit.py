@@ -69,8 +69,8 @@ class LocalFitSpec:
 
     ``collapsed=None`` (the default) is the collapsed bound for a Gaussian likelihood without
     minibatches and the uncollapsed ELBO otherwise; ``noise=None`` initialises every
-    partition's Gaussian noise from its own data (:class:`LocalGPs`). ``restarts``: fit every
-    partition from that many starts and go on from the best (:mod:`pyrogp_models.inference.
+    partition's Gaussian noise from its own data (:class:`LocalGPs`). ``restarts``: screen every
+    partition from that many starts and fit it from the best (:mod:`pyrogp_models.inference.
     restarts`; default :data:`~pyrogp_models.inference.train_config.DEFAULT_RESTARTS`, 1 with
     minibatches)."""
 

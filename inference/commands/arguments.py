@@ -68,8 +68,8 @@ def add_restarts(parser: argparse.ArgumentParser) -> None:
     from pyrogp_models.inference.train_config import DEFAULT_RESTARTS
 
     parser.add_argument("--restarts", type=int, default=None, metavar="R",
-                        help="fit from R starts (the library's rule, then longer lengthscales "
-                             "and less noise) and go on from the one with the best bound "
+                        help="screen R starts (the library's rule, then longer lengthscales "
+                             "and less noise) and fit from the one with the best bound "
                              f"(default: {DEFAULT_RESTARTS}, 1 with --batch-size)")
 
 
