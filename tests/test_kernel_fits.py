@@ -71,16 +71,20 @@ def test_a_pyro_contrib_gp_kernel_fits_and_predicts():
     assert moved
 
 
-def test_every_parameter_of_a_pyro_contrib_gp_kernel_moves_under_a_users_svi(param_mode):
-    model = short_fit(contrib_kernel(), restarts=1, collapsed=False).model
-    kernel = {name: p.detach().clone() for name, p in model.named_parameters()
-              if "copies" in name and p.requires_grad}
-    assert kernel
+@pytest.mark.parametrize("kernel", ["composite", "pyro.contrib.gp"])
+def test_every_parameter_moves_under_a_users_svi(param_mode, kernel):
+    """A composite kernel of the library's and a pyro.contrib.gp one: every parameter of the
+    fitted model (kernel values, inducing inputs, q(u), noise) moves under the user's SVI."""
+    chosen = contrib_kernel() if kernel == "pyro.contrib.gp" else EXPRESSIONS[kernel]
+    model = short_fit(chosen, restarts=1, collapsed=False).model
+    before = {name: p.detach().clone() for name, p in model.named_parameters()
+              if p.requires_grad}
+    assert any("kernel" in name for name in before)
     svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": 0.05}), TraceMeanField_ELBO())
     for _ in range(3):
         svi.step()
     unmoved = [name for name, p in model.named_parameters()
-               if name in kernel and torch.equal(p.detach(), kernel[name])]
+               if name in before and torch.equal(p.detach(), before[name])]
     assert unmoved == []
 
 
