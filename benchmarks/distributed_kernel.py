@@ -51,13 +51,15 @@ from _common import (  # noqa: E402
     write_json,
 )
 from pyrogp_models.inference.distributed_kernel_fit import (  # noqa: E402
-    COLLAPSED_CONFIG,
     DistributedKernelSpec,
     fit_distributed_kernel,
 )
 from pyrogp_models.inference.fit_result import Fit  # noqa: E402
 from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local  # noqa: E402
 from pyrogp_models.inference.metrics import nlpd, rmse  # noqa: E402
+from pyrogp_models.inference.train_config import (  # noqa: E402
+    DISTRIBUTED_KERNEL_COLLAPSED_CONFIG as COLLAPSED_CONFIG,
+)
 
 from pyrogp_models.data.partitioners import partition_random  # noqa: E402
 from pyrogp_models.models.distributed_kernel.construct import build_distributed_kernel_gp  # noqa: E402
