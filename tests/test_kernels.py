@@ -78,7 +78,8 @@ def test_unknown_family_is_rejected():
 @pytest.mark.parametrize("family", ["rbf", "matern52"])
 def test_weighted_cross_covariance_is_root_weight_times_kernel(family):
     """√w k(X, Z) from the fused RBF product (or the plain kernel) equals the direct formula,
-    with exact zeros at padding, and its gradients pass a finite-difference check."""
+    with padding at most twice the smallest normal number, and its gradients pass a
+    finite-difference check."""
     torch.manual_seed(2)
     kernel = Stationary(family, 2, (3, 2), ard=True, lengthscale=torch.rand(3, 2, 2) + 0.3,
                         variance=torch.rand(3, 2) + 0.5)
@@ -88,7 +89,7 @@ def test_weighted_cross_covariance_is_root_weight_times_kernel(family):
     weighted = kernel.weighted_cross(X, Z, weights)
     assert torch.allclose(weighted, kernel(X, Z) * weights.sqrt().unsqueeze(-1), rtol=1e-13,
                           atol=1e-15)
-    assert bool((weighted[0, :, 3] == 0).all())
+    assert float(weighted[0, :, 3].abs().max()) <= 2 * torch.finfo(weighted.dtype).tiny
     assert torch.allclose(kernel.weighted_cross(X, Z), kernel(X, Z), rtol=1e-13, atol=1e-15)
     assert torch.autograd.gradcheck(lambda a, b: kernel.weighted_cross(a, b, weights),
                                     (X.clone().requires_grad_(), Z.clone().requires_grad_()))
@@ -111,3 +112,21 @@ def test_weighted_gram_statistics(family):
     assert torch.autograd.gradcheck(
         lambda a, b, c: kernel.weighted_gram(a, b, weights, c),
         (X.clone().requires_grad_(), Z.clone().requires_grad_(), y.clone().requires_grad_()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_far_pairs_never_give_subnormal_covariances(dtype):
+    """The fused RBF product floors its exponent: pairs hundreds of lengthscales apart give the
+    dtype's smallest normal numbers (or more), never subnormals, which the exponential computes
+    several times more slowly; the Gram statistics of such pairs stay at that scale."""
+    kernel = Stationary("rbf", 1, (1,), lengthscale=torch.full((1, 1), 0.01, dtype=dtype),
+                        variance=torch.ones(1, dtype=dtype))
+    X = torch.linspace(0.0, 100.0, 50, dtype=dtype).reshape(1, 50, 1)
+    Z = torch.tensor([[[0.0], [100.0]]], dtype=dtype)
+    tiny = torch.finfo(dtype).tiny
+    weighted = kernel.weighted_cross(X, Z, torch.ones(1, 50, dtype=dtype))
+    assert bool((weighted >= tiny).all()) and float(weighted[0, 0, 0]) == 1.0
+    assert float(weighted[0, 25, 0]) <= 2 * tiny
+    gram, _ = kernel.weighted_gram(X, Z, torch.ones(1, 50, dtype=dtype),
+                                   torch.zeros(1, 50, dtype=dtype))
+    assert float(gram[0, 0, 1]) <= 100 * tiny and float(gram[0, 0, 0]) == 1.0
