@@ -19,7 +19,11 @@ from pyrogp_models.inference.local_fit import (
     PartitionedData,
     model_inputs,
 )
-from pyrogp_models.inference.restarts import best_start, number_of_starts, restart_scales
+from pyrogp_models.inference.restarts import (
+    best_start,
+    exact_restart_scales,
+    number_of_starts,
+)
 from pyrogp_models.inference.train_config import DEFAULT_RESTARTS, EXPERTS_CONFIG, TrainConfig
 from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 
@@ -44,9 +48,9 @@ class ExpertsSpec:
     units; ARD for a name), initial lengthscales, variances and noise in standardised units for
     what the kernel does not give, the starts to fit from (default
     :data:`~pyrogp_models.inference.train_config.DEFAULT_RESTARTS`; the best log marginal
-    likelihood is kept; :func:`~pyrogp_models.inference.restarts.restart_scales`), the rule and
-    weighting of the result's predictor, and the data columns (feature and target names, units),
-    names and info of the exported modules."""
+    likelihood is kept; :func:`~pyrogp_models.inference.restarts.exact_restart_scales`), the
+    rule and weighting of the result's predictor, and the data columns (feature and target
+    names, units), names and info of the exported modules."""
 
     kernel: str | torch.nn.Module = "rbf"
     ard: bool = False
@@ -89,7 +93,8 @@ def fit_exact_experts(data: PartitionedData | tuple, spec: ExpertsSpec | None = 
     with parameter_scope(config):  # nothing is left in Pyro's global parameter store
         runs = []
         starts = number_of_starts(spec.restarts, DEFAULT_RESTARTS)
-        for lengthscale, noise in restart_scales(starts if config.steps > 0 else 1).tolist():
+        scales = exact_restart_scales(starts if config.steps > 0 else 1, X_model, spec.lengthscale)
+        for lengthscale, noise in scales.tolist():
             model = ExactExperts(X_model, y_model, partition, kernel, spec.ard,
                                  spec.lengthscale * lengthscale, spec.variance,
                                  spec.noise * noise)

@@ -14,8 +14,13 @@ initialisation`), whose lengthscale is about the spacing of the inducing inputs,
 lengthscales (and periods not given) longer by up to the factor :data:`LONGEST` with initial
 Gaussian noise smaller by up to :data:`QUIETEST`, spread evenly in log scale. On the CO2 series
 the last start (ℓ × 4, noise × 0.01) finds the seasonal optimum (bound 3620 against 1147); a
-short-lengthscale start loses itself in the trace term of the sparse bound. Values the user gave
-are kept in every start.
+short-lengthscale start loses itself in the trace term of the sparse bound. Exact experts have
+no trace term and start from the other side (:func:`exact_restart_scales`): the rule's
+lengthscale (1 in standardised units, about a third of the inputs' range), then shorter ones down
+to :data:`SPACING_MULTIPLE` times the inputs' spacing. On CO2 the rule's start settles on the
+trend (12 years, 2.1 ppm held-out error) and the short one on the seasonal optimum (0.29 years,
+log marginal likelihood 3622 against 1147 for one exact GP). Values the user gave are kept in
+every start.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from pyrogp_models.errors import NotConvergedWarning
 LONGEST = 4.0
 #: The smallest restart noise, relative to the rule's (10 % of each partition's variance).
 QUIETEST = 1e-2
+#: The exact experts' shortest start, in multiples of the inputs' spacing
+#: (:func:`input_spacing`).
+SPACING_MULTIPLE = 10.0
 #: A later start is kept only when its bound beats every earlier start's by more than this
 #: (relative): starts that reach one optimum tie, and rounding (float32 against float64, another
 #: batch composition) cannot swap the winner between them.
@@ -58,11 +66,27 @@ def number_of_starts(asked: int | None, default: int) -> int:
     return asked
 
 
-def restart_scales(restarts: int) -> torch.Tensor:
+def restart_scales(restarts: int, last_lengthscale: float = LONGEST) -> torch.Tensor:
     """[R, 2] factors on the rule's (lengthscale, noise) for each start: (1, 1) first, then
-    evenly in log scale to (:data:`LONGEST`, :data:`QUIETEST`)."""
+    evenly in log scale to (``last_lengthscale``, :data:`QUIETEST`)."""
     steps = torch.linspace(0.0, 1.0, restarts, dtype=torch.float64)
-    return torch.stack([LONGEST ** steps, QUIETEST ** steps], -1)
+    return torch.stack([last_lengthscale ** steps, QUIETEST ** steps], -1)
+
+
+def input_spacing(X: torch.Tensor) -> float:
+    """The inputs' typical spacing: the median over input columns of range_d / N^(1/D) for
+    X [N, D]."""
+    N, D = X.shape
+    ranges = X.amax(0) - X.amin(0)
+    return float((ranges / N ** (1.0 / D)).median())
+
+
+def exact_restart_scales(restarts: int, X: torch.Tensor, lengthscale: float) -> torch.Tensor:
+    """[R, 2] starts of exact experts around the rule's ``lengthscale``: (1, 1) first, then
+    evenly in log scale to a lengthscale of :data:`SPACING_MULTIPLE` × the spacing of X [N, D]
+    (never longer than the rule's) with noise × :data:`QUIETEST`."""
+    shortest = min(1.0, SPACING_MULTIPLE * input_spacing(X) / lengthscale)
+    return restart_scales(restarts, shortest)
 
 
 def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tensor,

@@ -9,7 +9,6 @@ import pytest
 import torch
 from pyrogp_models.inference.cli import main
 from pyrogp_models.inference.experts_fit import ExpertsSpec, fit_exact_experts
-from pyrogp_models.inference.train_config import TrainConfig
 
 from helpers import constant_scores, exact_gp_scores, write_csv
 from pyrogp_models.data import load_table
@@ -134,8 +133,7 @@ def test_combine_grbcm_is_eq5_on_the_experts_predictions(folder, data, capsys):
     X, y, X_test = train.select(["x1", "x2"]), train.column("y"), test.select(["x1", "x2"])
     rows, partition = grbcm_rows(partition_kmeans(X, 3, seed=0), 40, seed=0)
     fit = fit_exact_experts((X[rows], y[rows], partition),
-                            ExpertsSpec(columns=Columns(["x1", "x2"], "y")),
-                            TrainConfig(optimizer="lbfgs", lr=1.0, steps=3, window=1))
+                            ExpertsSpec(columns=Columns(["x1", "x2"], "y")))
     modules = dict(fit.modules)
     first = next(iter(modules))
     modules[first] = replace(modules[first], info={**modules[first].info, "role": "communication"})

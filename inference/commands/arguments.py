@@ -63,14 +63,21 @@ KERNEL_HELP = (
     "dims=[0,2] selects input columns")
 
 
-def add_restarts(parser: argparse.ArgumentParser) -> None:
-    """``--restarts R``: starts per fit, the best kept."""
+def add_restarts(parser: argparse.ArgumentParser, exact: bool = False) -> None:
+    """``--restarts R``: starts per fit, the best kept (``exact``: the exact experts' starts)."""
+    from pyrogp_models.inference.restarts import SPACING_MULTIPLE
     from pyrogp_models.inference.train_config import DEFAULT_RESTARTS
 
-    parser.add_argument("--restarts", type=int, default=None, metavar="R",
-                        help="screen R starts (the library's rule, then longer lengthscales "
-                             "and less noise) and fit from the one with the best bound "
-                             f"(default: {DEFAULT_RESTARTS}, 1 with --batch-size)")
+    if exact:
+        text = ("fit from R starts one after another (the library's rule, then shorter "
+                f"lengthscales down to {SPACING_MULTIPLE:g}× the inputs' spacing and less "
+                "noise) and keep the best log marginal likelihood "
+                f"(default: {DEFAULT_RESTARTS})")
+    else:
+        text = ("screen R starts (the library's rule, then longer lengthscales and less noise) "
+                "and fit from the one with the best bound "
+                f"(default: {DEFAULT_RESTARTS}, 1 with --batch-size)")
+    parser.add_argument("--restarts", type=int, default=None, metavar="R", help=text)
 
 
 def add_kernel(parser: argparse.ArgumentParser, default: str | None = "rbf",

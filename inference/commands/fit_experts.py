@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partition-by", default="kmeans", choices=PARTITION_KINDS,
                         help="how to split the data (default: kmeans)")
     add_kernel(parser)
-    add_restarts(parser)
+    add_restarts(parser, exact=True)
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
     parser.add_argument("--steps", type=int, metavar="N",
                         help=f"maximum L-BFGS steps on the summed log marginal likelihood "
