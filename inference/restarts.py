@@ -17,10 +17,10 @@ the last start (ℓ × 4, noise × 0.01) finds the seasonal optimum (bound 3620 
 short-lengthscale start loses itself in the trace term of the sparse bound. Exact experts have
 no trace term and start from the other side (:func:`exact_restart_scales`): the rule's
 lengthscale (1 in standardised units, about a third of the inputs' range), then shorter ones down
-to :data:`SPACING_MULTIPLE` times the inputs' spacing. On CO2 the rule's start settles on the
-trend (12 years, 2.1 ppm held-out error) and the short one on the seasonal optimum (0.29 years,
-log marginal likelihood 3622 against 1147 for one exact GP). Values the user gave are kept in
-every start.
+to :data:`~pyrogp_models.inference.train_config.SPACING_MULTIPLE` times the inputs' spacing. On
+CO2 the rule's start settles on the trend (12 years, 2.1 ppm held-out error) and the short one on
+the seasonal optimum (0.29 years, log marginal likelihood 3622 against 1147 for one exact GP).
+Values the user gave are kept in every start.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from pyrogp_models.inference.train_config import TrainConfig
+from pyrogp_models.inference.train_config import SPACING_MULTIPLE, TrainConfig
 from pyrogp_models.inference.trainer import train
 
 from pyrogp_models.data.partitioners import Partition
@@ -40,9 +40,6 @@ from pyrogp_models.errors import NotConvergedWarning
 LONGEST = 4.0
 #: The smallest restart noise, relative to the rule's (10 % of each partition's variance).
 QUIETEST = 1e-2
-#: The exact experts' shortest start, in multiples of the inputs' spacing
-#: (:func:`input_spacing`).
-SPACING_MULTIPLE = 10.0
 #: A later start is kept only when its bound beats every earlier start's by more than this
 #: (relative): starts that reach one optimum tie, and rounding (float32 against float64, another
 #: batch composition) cannot swap the winner between them.
@@ -83,7 +80,8 @@ def input_spacing(X: torch.Tensor) -> float:
 
 def exact_restart_scales(restarts: int, X: torch.Tensor, lengthscale: float) -> torch.Tensor:
     """[R, 2] starts of exact experts around the rule's ``lengthscale``: (1, 1) first, then
-    evenly in log scale to a lengthscale of :data:`SPACING_MULTIPLE` × the spacing of X [N, D]
+    evenly in log scale to a lengthscale of
+    :data:`~pyrogp_models.inference.train_config.SPACING_MULTIPLE` × the spacing of X [N, D]
     (never longer than the rule's) with noise × :data:`QUIETEST`."""
     shortest = min(1.0, SPACING_MULTIPLE * input_spacing(X) / lengthscale)
     return restart_scales(restarts, shortest)

@@ -59,6 +59,9 @@ class TrainConfig:
 #: Starts per partition (local fits) or per fit (exact experts) by default: the fit goes on from
 #: the best (:mod:`pyrogp_models.inference.restarts`).
 DEFAULT_RESTARTS = 3
+#: The exact experts' shortest start, in multiples of the inputs' spacing
+#: (:func:`pyrogp_models.inference.restarts.exact_restart_scales`).
+SPACING_MULTIPLE = 10.0
 #: Gaussian likelihoods (local fits and meta-GPs): the collapsed bound, fitted by L-BFGS with one
 #: memory and one step length per independent member (:mod:`pyrogp_models.inference.
 #: batched_lbfgs`), stopping when every member's bound changes by less than 1e-6 (relative)

@@ -65,8 +65,7 @@ KERNEL_HELP = (
 
 def add_restarts(parser: argparse.ArgumentParser, exact: bool = False) -> None:
     """``--restarts R``: starts per fit, the best kept (``exact``: the exact experts' starts)."""
-    from pyrogp_models.inference.restarts import SPACING_MULTIPLE
-    from pyrogp_models.inference.train_config import DEFAULT_RESTARTS
+    from pyrogp_models.inference.train_config import DEFAULT_RESTARTS, SPACING_MULTIPLE
 
     if exact:
         text = ("fit from R starts one after another (the library's rule, then shorter "
