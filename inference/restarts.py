@@ -35,6 +35,7 @@ from pyrogp_models.inference.trainer import train
 
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.errors import NotConvergedWarning
+from pyrogp_models.gaussian.linalg import deferred_checks
 
 #: The longest restart lengthscale, relative to the rule's.
 LONGEST = 4.0
@@ -93,19 +94,37 @@ def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tens
     """Fit every partition from ``restarts`` starts as one batched model (``build(X, y,
     partition, inducing, start_scales, num_inducing)`` makes it) to the change test of
     ``config``, without pinning and without reporting its convergence; returns the winning start
-    per partition [K]. The fit then starts afresh from each partition's winning start, so that
+    per partition [K]. A start whose bound cannot be evaluated as the trainer evaluates it (a
+    factorisation that fails without the jitter ladder: tiny noise on a very large partition)
+    loses. The fit then starts afresh from each partition's winning start, so that
     its result does not depend on how the screen batched the partitions (its end points differ
     by rounding amplified along flat directions; its starts do not)."""
     K, R = partition.num_partitions, restarts
     copies = np.arange(R)
     assignments = (partition.assignments[None, :] * R + copies[:, None]).reshape(-1)
     repeated = Partition(assignments, {"kind": "random", "num_partitions": K * R})
-    scales = restart_scales(R).repeat(K, 1)
     num_inducing = [len(inducing[k]) for k in range(K) for _ in copies]
-    screen_model = build(X.repeat(R, *[1] * (X.dim() - 1)), y.repeat(R), repeated,
-                         [inducing[k] for k in range(K) for _ in copies], scales, num_inducing)
+
+    def screen_model_from(scales: torch.Tensor) -> torch.nn.Module:
+        return build(X.repeat(R, *[1] * (X.dim() - 1)), y.repeat(R), repeated,
+                     [inducing[k] for k in range(K) for _ in copies], scales, num_inducing)
+
+    scales = restart_scales(R).repeat(K, 1)
+    screen_model = screen_model_from(scales)
+    failed = _unevaluable(screen_model)
+    if bool(failed.any()):  # such a start loses: it becomes a copy of the rule's, which ties
+        scales[failed] = 1.0
+        screen_model = screen_model_from(scales)
     with warnings.catch_warnings():  # only the continued fit's convergence is reported
         warnings.simplefilter("ignore", NotConvergedWarning)
         train(screen_model, config=config)
     screen_model.finalise()  # the collapsed bound's q(u) at its optimum: the ELBO is the bound
     return best_start(screen_model.elbo().reshape(K, R)).cpu()
+
+
+def _unevaluable(model: torch.nn.Module) -> torch.Tensor:
+    """Which members [partition order] have a non-finite objective at their start, evaluated as
+    the trainer evaluates it (factorisation checks deferred)."""
+    with torch.no_grad(), deferred_checks():
+        values = torch.cat([objective() for _, objective in model.member_objectives()])
+    return ~torch.isfinite(torch.stack(model.partition_values(list(values))))

@@ -134,5 +134,31 @@ def test_restarts_end_no_lower_than_a_single_start():
     assert bool((three >= one - 1e-5 * one.abs()).all()), (one, three)
 
 
+def test_a_start_that_cannot_be_evaluated_loses_instead_of_stopping_the_fit(monkeypatch):
+    """A start whose bound is not finite as the trainer evaluates it (a factorisation that fails
+    without the jitter ladder, as a start with 1 % noise does on 10⁶ points; imitated here for
+    starts with tiny noise) loses the screen instead of stopping the fit, which then equals the
+    fit from the rule's start alone."""
+    from pyrogp_models.gaussian.linalg import checks_deferred
+    from pyrogp_models.inference import restarts
+    from pyrogp_models.models.local.svgp import BatchedSVGP
+
+    X, y = seasonal_series(200, seed=1)
+    data = (X, y, partition_contiguous(X, 2))
+    single = fit_local(data, LocalFitSpec(num_inducing=12, restarts=1))
+    objective = BatchedSVGP.objective
+
+    def failing_when_quiet(self, *args, **kwargs):
+        value = objective(self, *args, **kwargs)
+        quiet = (self.likelihood.variance < 1e-3) & checks_deferred()
+        return torch.where(quiet, torch.nan, value)
+
+    monkeypatch.setattr(BatchedSVGP, "objective", failing_when_quiet)
+    monkeypatch.setattr(restarts, "restart_scales", lambda R, last=None: torch.tensor(
+        [[1.0, 1.0], [1.0, 1e-4]], dtype=torch.float64))
+    screened = fit_local(data, LocalFitSpec(num_inducing=12, restarts=2))
+    torch.testing.assert_close(screened.model.elbo(), single.model.elbo(), rtol=1e-12, atol=0)
+
+
 def test_the_command_line_names_every_kernel_kind():
     assert set(KERNEL_KINDS) == set(KINDS)
