@@ -139,8 +139,9 @@ def test_a_start_that_cannot_be_evaluated_loses_instead_of_stopping_the_fit(monk
     without the jitter ladder, as a start with 1 % noise does on 10⁶ points; imitated here for
     starts with tiny noise) loses the screen instead of stopping the fit, which then equals the
     fit from the rule's start alone."""
-    from pyrogp_models.gaussian.linalg import checks_deferred
     from pyrogp_models.inference import restarts
+
+    from pyrogp_models.gaussian.linalg import checks_deferred
     from pyrogp_models.models.local.svgp import BatchedSVGP
 
     X, y = seasonal_series(200, seed=1)
