@@ -206,6 +206,7 @@ def _cli_pipeline() -> Callable[[], object]:
 
     def run():
         out = folder / f"run{next(runs)}"
+        out.mkdir()
         cli.pyrogp("fit-local", train, "--target", "y", "--partition-by", "contiguous",
                    "--partitions", settings.partitions, "--inducing", settings.local_inducing,
                    "--out", out / "modules")

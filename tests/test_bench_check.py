@@ -133,3 +133,18 @@ def test_compare_flags_only_slowdowns_beyond_the_tolerance(bench_check):
 def test_unknown_checks_are_named(bench_check, capsys, tmp_path):
     assert bench_check.main(["--only", "nonsense", "--baseline", str(tmp_path / "b.json")]) == 2
     assert "unknown checks nonsense" in capsys.readouterr().err
+
+
+def test_every_check_of_the_guard_runs_once(bench_check, monkeypatch):
+    """Each real check builds and runs one operation without error (a check that no longer
+    matches the library — a moved default, a command line that refuses its arguments — fails
+    here, not in the next `make bench-check`); the command-line pipeline at 10⁴ points."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import cli_end_to_end
+
+    settings = cli_end_to_end.Settings
+    monkeypatch.setattr(cli_end_to_end, "Settings",
+                        lambda **kwargs: settings(**{**kwargs, "points": 10_000,
+                                                     "partitions": 50}))
+    for check in bench_check.CHECKS:
+        check.setup()()
