@@ -838,8 +838,8 @@ def _plot_bars(runs: dict, kinds: list, columns: list, key: str, label: str, tit
 def ard_shares(records: list[dict]) -> dict:
     """Mean ARD weight ω over the shared and over the private columns of mMDGP's top layer,
     per task and in all (paper Fig. 5: larger on the shared processes)."""
-    shared = np.array([r["ard"][:, :r["shared_columns"]].mean(1) for r in records])
-    private = np.array([r["ard"][:, r["shared_columns"]:].mean(1) for r in records])
+    shared = np.array([np.asarray(r["ard"])[:, :r["shared_columns"]].mean(1) for r in records])
+    private = np.array([np.asarray(r["ard"])[:, r["shared_columns"]:].mean(1) for r in records])
     return {"shared_mean": shared.mean(), "private_mean": private.mean(),
             "tasks_shared_larger": int((shared.mean(0) > private.mean(0)).sum()),
             "tasks": shared.shape[1]}
@@ -1042,11 +1042,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _integer_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object with its integer keys (sizes such as the arm's N) back as integers."""
+    return {int(key) if key.isdigit() else key: value for key, value in pairs}
+
+
 def previous_sections(path: Path) -> tuple[dict, dict[str, str]]:
     """The previous results file's payload and its markdown sections by title."""
     if not path.exists() or not path.with_suffix(".md").exists():
         return {}, {}
-    payload = json.loads(path.read_text())
+    payload = json.loads(path.read_text(), object_pairs_hook=_integer_keys)
     sections = {}
     for part in path.with_suffix(".md").read_text(encoding="utf-8").split("\n## ")[1:]:
         title, _, body = part.partition("\n\n")
