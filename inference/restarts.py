@@ -111,7 +111,7 @@ def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tens
 
     scales = restart_scales(R).repeat(K, 1)
     screen_model = screen_model_from(scales)
-    failed = _unevaluable(screen_model)
+    failed = _unevaluable(screen_model).cpu()  # one read per fit; the scales live on the host
     if bool(failed.any()):  # such a start loses: it becomes a copy of the rule's, which ties
         scales[failed] = 1.0
         screen_model = screen_model_from(scales)
