@@ -72,11 +72,12 @@ def restart_scales(restarts: int, last_lengthscale: float = LONGEST) -> torch.Te
 
 
 def input_spacing(X: torch.Tensor) -> float:
-    """The inputs' typical spacing: the median over input columns of range_d / N^(1/D) for
-    X [N, D]."""
+    """The inputs' typical spacing: the median over the non-constant input columns of
+    range_d / N^(1/D) for X [N, D] (inf when every column is constant: no shorter start)."""
     N, D = X.shape
     ranges = X.amax(0) - X.amin(0)
-    return float((ranges / N ** (1.0 / D)).median())
+    ranges = ranges[ranges > 0]
+    return float((ranges / N ** (1.0 / D)).median()) if len(ranges) else float("inf")
 
 
 def exact_restart_scales(restarts: int, X: torch.Tensor, lengthscale: float) -> torch.Tensor:
