@@ -72,12 +72,13 @@ def restart_scales(restarts: int, last_lengthscale: float = LONGEST) -> torch.Te
 
 
 def input_spacing(X: torch.Tensor) -> float:
-    """The inputs' typical spacing: the median over the non-constant input columns of
-    range_d / N^(1/D) for X [N, D] (inf when every column is constant: no shorter start)."""
-    N, D = X.shape
+    """The inputs' typical spacing: the median of range_d / N^(1/D) over the D non-constant
+    columns of X [N, ·] (inf when every column is constant: no shorter start)."""
     ranges = X.amax(0) - X.amin(0)
     ranges = ranges[ranges > 0]
-    return float((ranges / N ** (1.0 / D)).median()) if len(ranges) else float("inf")
+    if not len(ranges):
+        return float("inf")
+    return float((ranges / X.shape[0] ** (1.0 / len(ranges))).median())
 
 
 def exact_restart_scales(restarts: int, X: torch.Tensor, lengthscale: float) -> torch.Tensor:

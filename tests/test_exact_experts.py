@@ -186,3 +186,12 @@ def test_default_starts_find_the_seasonal_optimum_the_rule_misses():
     assert bound[None] > bound[1] + 100
     assert error[1] > 2 * interpolation  # the trend alone
     assert error[None] <= interpolation
+
+
+def test_a_constant_input_column_does_not_make_a_zero_lengthscale_start():
+    from pyrogp_models.inference.restarts import exact_restart_scales
+
+    X = torch.stack([torch.linspace(0.0, 3.0, 400, dtype=torch.float64),
+                     torch.zeros(400, dtype=torch.float64)], -1)
+    scales = exact_restart_scales(3, X, 1.0)
+    assert bool((scales > 0).all()) and float(scales[-1, 0]) < 1.0
