@@ -314,3 +314,33 @@ def test_poisson_fit_recovers_the_rate():
     mean, _ = fit.modules["part000"].predict_y(np.array([[0.2], [0.5], [0.8]]))
     expected = np.exp(1.0 + np.sin(4 * np.array([0.2, 0.5, 0.8])))
     assert np.allclose(mean.numpy(), expected, rtol=0.2)
+
+
+def test_a_partition_with_as_many_inducing_inputs_as_points_fits_the_exact_gp():
+    """M_k = N_k: Z stays at the partition's own inputs and the collapsed bound is the exact log
+    marginal likelihood log N(y | 0, K + σ²I) at the fitted hyperparameters; the partition
+    beside it (M_k < N_k) still moves its Z."""
+    rng = np.random.default_rng(6)
+    X = np.sort(rng.uniform(0, 6, size=(50, 1)), 0)
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(50)
+    partition = partition_contiguous(X, 2)
+    whole = int(partition.sizes[0])
+    spec = LocalFitSpec(num_inducing=[whole, 6], collapsed=True)
+    fit = fit_local((X, y, partition), spec,
+                    TrainConfig(optimizer="lbfgs", lr=1.0, steps=200, window=10, tol=1e-9))
+    by_partition = {int(k): (group, slot) for group, members in
+                    zip(fit.model.groups, fit.model.group_members, strict=True)
+                    for slot, k in enumerate(members.tolist())}
+    group, slot = by_partition[0]
+    Xk, yk = group.data_X[slot], group.data_y[slot]
+    assert torch.allclose(group.inducing[slot], Xk, rtol=0, atol=1e-12)
+    K = group.kernel(Xk.expand(*group.kernel.batch_shape, *Xk.shape))[slot, 0]
+    noise = group.likelihood.variance[slot]
+    exact = torch.distributions.MultivariateNormal(
+        torch.zeros_like(yk), K + noise * torch.eye(whole, dtype=K.dtype)).log_prob(yk)
+    group.layer.jitter = 1e-12  # the fit's relative jitter (1e-6) alone moves the bound by ~1e-4
+    bound = collapsed_bound(group, group.data_X, group.data_y, group.data_mask)[slot]
+    assert bound.item() == pytest.approx(exact.item(), rel=1e-7)
+    learned = [{name for name, _ in g.named_parameters() if "inducing" in name}
+               for g in (group, by_partition[1][0])]
+    assert learned[0] == set() and learned[1] != set()

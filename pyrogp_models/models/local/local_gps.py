@@ -3,6 +3,9 @@
 Partitions that share a number of inducing inputs M form a group, fitted as one
 :class:`BatchedSVGP` (padded and masked); groups with different M live side by side in one model
 and one trace, so a single optimiser step updates every partition. Nothing loops over partitions.
+A partition with as many inducing inputs as points (M_k = N_k) keeps Z = X_k fixed, in a group
+of its own: its bound is then the exact log marginal likelihood (Titsias 2009, eq. 9 with
+Q_ff = K_ff), the largest any Z gives, and its q(f_k) ranges over every Gaussian at the data.
 
 The data are bound to the model, so ``model()``, ``guide()`` and ``predictive_model()`` need no
 arguments: ``pyro.infer.SVI(gps.model, gps.guide, ...)`` continues a fit and
@@ -53,8 +56,8 @@ class LocalGPs(PyroModule):
             resolve_kernel`); every partition gets its own copy, its other values from its data
             (:func:`~pyrogp_models.models.local.initialisation.initial_kernel`).
         ard: one lengthscale per input dimension for a kernel given by name.
-        inducing_init: ``"kmeans"`` or ``"grid"``.
-        learn_inducing: optimise Z.
+        inducing_init: ``"kmeans"`` or ``"grid"`` (a partition with M_k = N_k takes Z = X_k).
+        learn_inducing: optimise Z (never where M_k = N_k).
         collapsed: train Gaussian partitions on the collapsed (Titsias) bound.
         batch_size: minibatches of B positions of the padded partitions per evaluation, shared
             by all partitions (uncollapsed only; :meth:`BatchedSVGP.model`).
@@ -97,20 +100,21 @@ class LocalGPs(PyroModule):
         make_likelihood(likelihood, (), **self.likelihood_options).validate_targets(y)
         Xp, yp, mask, index = pad_partitions(X, y, partition)
         if inducing is None:
-            inducing = _initial_inducing_padded(Xp, mask, per_partition, inducing_init, generator)
+            inducing = _initial_inducing_padded(Xp, mask, per_partition, partition.sizes,
+                                                inducing_init, generator)
         self.num_points = len(y)
         self.groups = PyroModuleList([])
         self.group_members: list[torch.Tensor] = []
         self._group_index: list[torch.Tensor] = []
         scales = (X.new_ones(len(per_partition), 2) if start_scales is None
                   else torch.as_tensor(start_scales).to(X))
-        for M in np.unique(per_partition):
-            members = torch.as_tensor(np.flatnonzero(per_partition == M), device=X.device)
+        for members, whole in _groups(per_partition, partition.sizes):
+            members = torch.as_tensor(members, device=X.device)
             rows = int(mask[members].sum(-1).max())
             Z = torch.stack([inducing[k] for k in members.tolist()]).to(X)
             self.groups.append(self._build_group(
                 Xp[members, :rows], yp[members, :rows], mask[members, :rows], Z, template,
-                learn_inducing, batch_size, jitter, noise, scales[members]))
+                learn_inducing and not whole, batch_size, jitter, noise, scales[members]))
             self.group_members.append(members)
             self._group_index.append(index[members, :rows])
 
@@ -293,7 +297,7 @@ def initial_inducing(X: torch.Tensor, y: torch.Tensor, partition: Partition,
     """Initial Z [M_k, D] of every partition, drawn exactly as :class:`LocalGPs` draws them."""
     per_partition = inducing_per_partition(partition, num_inducing)
     Xp, _, mask, _ = pad_partitions(X, y, partition)
-    return _initial_inducing_padded(Xp, mask, per_partition, method, generator)
+    return _initial_inducing_padded(Xp, mask, per_partition, partition.sizes, method, generator)
 
 
 def inducing_per_partition(partition: Partition, num_inducing: int | Sequence[int]) -> np.ndarray:
@@ -307,13 +311,26 @@ def inducing_per_partition(partition: Partition, num_inducing: int | Sequence[in
     return per_partition
 
 
-def _initial_inducing_padded(Xp, mask, per_partition, method, generator) -> list[torch.Tensor]:
-    """One batched initialisation per distinct M_k (k-means or grid over each partition)."""
+def _groups(per_partition: np.ndarray, sizes: np.ndarray) -> list[tuple[np.ndarray, bool]]:
+    """The members of every group and whether they are whole (M_k = N_k: Z = X_k, fixed), one
+    group per distinct (M_k, whole)."""
+    whole = per_partition == sizes
+    keys = sorted(set(zip(per_partition.tolist(), whole.tolist(), strict=True)))
+    return [(np.flatnonzero((per_partition == M) & (whole == w)), w) for M, w in keys]
+
+
+def _initial_inducing_padded(Xp, mask, per_partition, sizes, method, generator
+                             ) -> list[torch.Tensor]:
+    """One batched initialisation per group: k-means or grid over each partition, or the
+    partition's own inputs where M_k = N_k."""
     inducing: dict[int, torch.Tensor] = {}
-    for M in np.unique(per_partition):
-        members = np.flatnonzero(per_partition == M)
-        rows = int(mask[members].sum(-1).max())
-        Z = init_inducing(Xp[members, :rows], int(M), mask[members, :rows], method, generator)
+    for members, whole in _groups(per_partition, sizes):
+        M = int(per_partition[members[0]])
+        if whole:
+            Z = Xp[members, :M]
+        else:
+            rows = int(mask[members].sum(-1).max())
+            Z = init_inducing(Xp[members, :rows], M, mask[members, :rows], method, generator)
         inducing.update(zip(members.tolist(), Z, strict=True))
     return [inducing[k] for k in range(len(per_partition))]
 
