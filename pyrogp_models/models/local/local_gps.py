@@ -66,9 +66,9 @@ class LocalGPs(PyroModule):
             partition's data (:mod:`~pyrogp_models.models.local.initialisation`, like the other
             hyperparameters).
         generator: random source for the k-means initialisation.
-        inducing: initial Z per partition ([M_k, D] each, model units) instead of
-            ``inducing_init`` (e.g. drawn once by :func:`initial_inducing` for a fit split over
-            workers).
+        inducing: initial Z per partition ([M_k, D] each, model units; ignored where
+            M_k = N_k) instead of ``inducing_init`` (e.g. drawn once by
+            :func:`initial_inducing` for a fit split over workers).
         start_scales: [K, 2] factors on each partition's initial lengthscales (and periods) and
             Gaussian noise that the data set (the starts of restarts,
             :mod:`pyrogp_models.inference.restarts`); default ones.
@@ -111,7 +111,8 @@ class LocalGPs(PyroModule):
         for members, whole in _groups(per_partition, partition.sizes):
             members = torch.as_tensor(members, device=X.device)
             rows = int(mask[members].sum(-1).max())
-            Z = torch.stack([inducing[k] for k in members.tolist()]).to(X)
+            Z = (Xp[members, :rows] if whole
+                 else torch.stack([inducing[k] for k in members.tolist()]).to(X))
             self.groups.append(self._build_group(
                 Xp[members, :rows], yp[members, :rows], mask[members, :rows], Z, template,
                 learn_inducing and not whole, batch_size, jitter, noise, scales[members]))
