@@ -19,7 +19,6 @@ from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.errors import ModuleFileError
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.kernels import KINDS, member, parse_kernel
-from pyrogp_models.models.local.initialisation import initial_kernel, initial_lengthscale
 from pyrogp_models.models.meta.meta_gp import MetaGP
 from pyrogp_models.modules.files import load_modules, save_modules
 from pyrogp_models.modules.stack import ModuleStack
@@ -98,10 +97,8 @@ def test_a_module_with_a_kernel_from_outside_is_refused_before_anything_is_writt
 
 
 def test_a_composite_meta_gp_recycled_from_itself_returns_itself():
-    # The identity is exact without jitter: with a jitter ε on K_** the module's sites sit on
-    # u_k = K_k*(K_** + ε)⁻¹u_* ≠ u_*, off by ε/λ_min(K_**) (4e-4 at the default 1e-6 here).
     fit = short_fit(EXPRESSIONS["composite"], restarts=1)
-    level_one = recycle(fit.modules, RecycleSpec(num_inducing=10, jitter=1e-10,
+    level_one = recycle(fit.modules, RecycleSpec(num_inducing=10,
                                                  kernel=EXPRESSIONS["composite"])).module
     kernel = member(level_one.kernel, 0)  # its own composite kernel, batch shape ()
     assert kernel.tree() == parse_kernel(EXPRESSIONS["composite"], 1).tree()
@@ -166,25 +163,3 @@ def test_a_start_that_cannot_be_evaluated_loses_instead_of_stopping_the_fit(monk
 
 def test_the_command_line_names_every_kernel_kind():
     assert set(KERNEL_KINDS) == set(KINDS)
-
-
-def test_a_composite_kernel_starts_its_lengthscales_at_the_inputs_spread():
-    """A single kernel starts at the rule's short lengthscale (twice the inducing inputs'
-    spacing); every lengthscale of a composite kernel at the spread of the inputs, a period not
-    given at the rule's value, values given as they are."""
-    X = torch.linspace(0.0, 6.0, 60, dtype=torch.float64)[None, :, None]
-    mask = torch.ones(1, 60, dtype=torch.bool)
-    spread = float(X[0, :, 0].std(unbiased=False))
-    rule = float(initial_lengthscale(X, mask, 20, False))
-    assert rule < spread / 2
-    variance = torch.ones(1, dtype=torch.float64)
-    single = initial_kernel(parse_kernel("rbf", 1), X, mask, 20, variance)
-    assert float(single.lengthscale) == pytest.approx(rule)
-    composite = initial_kernel(parse_kernel("rbf + periodic * rbf(lengthscale=0.3) + rq", 1),
-                               X, mask, 20, variance)
-    trend, (periodic, envelope), medium = (composite.kernels[0], composite.kernels[1].kernels,
-                                           composite.kernels[2])
-    assert float(trend.lengthscale) == pytest.approx(spread)
-    assert float(medium.lengthscale) == pytest.approx(spread)
-    assert float(periodic.period) == pytest.approx(rule)
-    assert float(envelope.lengthscale) == pytest.approx(0.3)

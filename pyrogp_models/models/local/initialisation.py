@@ -15,16 +15,10 @@ dimensions and M_k inducing inputs:
 - floors: spreads and lengthscales 10⁻³, σ_f² 10⁻³ and σ² 10⁻⁶.
 
 A composite kernel (:func:`initial_kernel`) shares σ_f² equally among the terms of a sum (a
-product's first factor takes its term's share, the other factors 1); each lengthscale starts at
-the spread of the leaf's own input dimensions (ℓ = 1 in standardised units, where scikit-learn
-and GPflow start theirs), a period not given at the rule's lengthscale, a linear kernel with
-weights that explain its share over one spread of the inputs and the partitions' mean input as
-its centre. The other terms of a composite kernel carry the short structure that the rule's
-short start is there to find: on Mauna Loa CO2 with whole summers held out (one partition,
-M = 300, ``rbf + periodic(period=1) * rbf + rq + white``) the seasonal envelope settles at 1.5
-years from the rule's start (held-out RMSE 0.61 ppm, bound 4684) and at 233 years from the
-spread (0.405 ppm, bound 4882; scikit-learn's exact GP 0.403). Values the user gave
-(``Leaf.given``) are kept.
+product's first factor takes its term's share, the other factors 1); each leaf gets the
+lengthscale of the rule on its own input dimensions, a period not given the same, a linear
+kernel weights that explain its share over one spread of the inputs and the partitions' mean
+input as its centre. Values the user gave (``Leaf.given``) are kept.
 """
 
 from __future__ import annotations
@@ -80,39 +74,31 @@ def initial_kernel(template: Kernel, X: torch.Tensor, mask: torch.Tensor, num_in
     lengthscales and periods the rule sets (a restart's start)."""
     kernel = template.batched((X.shape[0], num_latent)).to(dtype=X.dtype, device=X.device)
     scale = X.new_ones(X.shape[0]) if scale is None else scale
-    composite = isinstance(kernel, Sum | Product)
-    _share(kernel, signal_variance, X, mask, num_inducing, scale, composite)
+    _share(kernel, signal_variance, X, mask, num_inducing, scale)
     return kernel
 
 
-def _share(kernel: Kernel, variance: torch.Tensor, X, mask, num_inducing: int, scale,
-           composite: bool) -> None:
+def _share(kernel: Kernel, variance: torch.Tensor, X, mask, num_inducing: int, scale) -> None:
     if isinstance(kernel, Sum):
         for part in kernel.kernels:
-            _share(part, variance / len(kernel.kernels), X, mask, num_inducing, scale, composite)
+            _share(part, variance / len(kernel.kernels), X, mask, num_inducing, scale)
     elif isinstance(kernel, Product):
         for index, part in enumerate(kernel.kernels):
             _share(part, variance if index == 0 else torch.ones_like(variance), X, mask,
-                   num_inducing, scale, composite)
+                   num_inducing, scale)
     elif isinstance(kernel, Leaf):
-        _initialise_leaf(kernel, variance, X[..., kernel.active_dims], mask, num_inducing, scale,
-                         composite)
+        _initialise_leaf(kernel, variance, X[..., kernel.active_dims], mask, num_inducing, scale)
 
 
 def _initialise_leaf(leaf: Leaf, variance: torch.Tensor, X, mask, num_inducing: int,
-                     scale: torch.Tensor, composite: bool) -> None:
-    """Set the values of ``leaf`` [K, L, ...] that its user did not give; a lengthscale of a
-    ``composite`` kernel starts at the inputs' spread (module docstring)."""
+                     scale: torch.Tensor) -> None:
+    """Set the values of ``leaf`` [K, L, ...] that its user did not give."""
     for h in leaf.hyperparameters:
         if h.name in leaf.given:
             continue
         if h.role is Role.INPUT_SCALE:
-            if composite and h.name == "lengthscale":
-                spread = input_spread(X, mask)
-                start = spread if leaf.ard else spread.mean(-1, keepdim=True)
-            else:
-                start = initial_lengthscale(X, mask, num_inducing, leaf.ard)
-            value = (start * scale.unsqueeze(-1)).unsqueeze(1)
+            value = (initial_lengthscale(X, mask, num_inducing, leaf.ard)
+                     * scale.unsqueeze(-1)).unsqueeze(1)
         elif h.role is Role.OUTPUT_SCALE:
             value = variance.unsqueeze(1)
         elif h.role is Role.SLOPE:
