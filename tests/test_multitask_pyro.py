@@ -180,7 +180,6 @@ def test_toy_transfer_into_a_gap_of_task_two(toy_comparisons):
     assert t10["met"], t10
 
 
-
 def _elbo_estimate(model, estimator, particles: int = 400) -> tuple[float, float]:
     """An ELBO (negated loss) as the mean of ``particles`` single-draw estimates, and its
     Monte Carlo standard error."""

@@ -99,20 +99,20 @@ class LocalGPs(PyroModule):
         per_partition = inducing_per_partition(partition, num_inducing)
         make_likelihood(likelihood, (), **self.likelihood_options).validate_targets(y)
         Xp, yp, mask, index = pad_partitions(X, y, partition)
-        if inducing is None:
-            inducing = _initial_inducing_padded(Xp, mask, per_partition, partition.sizes,
-                                                inducing_init, generator)
         self.num_points = len(y)
         self.groups = PyroModuleList([])
         self.group_members: list[torch.Tensor] = []
         self._group_index: list[torch.Tensor] = []
         scales = (X.new_ones(len(per_partition), 2) if start_scales is None
                   else torch.as_tensor(start_scales).to(X))
-        for members, whole in _groups(per_partition, partition.sizes):
+        sizes = partition.sizes
+        for M, members, whole in _groups(per_partition, sizes):
+            if inducing is None or whole:
+                Z = _group_inducing(Xp, mask, sizes, M, members, whole, inducing_init, generator)
+            else:
+                Z = torch.stack([inducing[k] for k in members.tolist()]).to(X)
+            rows = int(sizes[members].max())
             members = torch.as_tensor(members, device=X.device)
-            rows = int(mask[members].sum(-1).max())
-            Z = (Xp[members, :rows] if whole
-                 else torch.stack([inducing[k] for k in members.tolist()]).to(X))
             self.groups.append(self._build_group(
                 Xp[members, :rows], yp[members, :rows], mask[members, :rows], Z, template,
                 learn_inducing and not whole, batch_size, jitter, noise, scales[members]))
@@ -312,26 +312,32 @@ def inducing_per_partition(partition: Partition, num_inducing: int | Sequence[in
     return per_partition
 
 
-def _groups(per_partition: np.ndarray, sizes: np.ndarray) -> list[tuple[np.ndarray, bool]]:
-    """The members of every group and whether they are whole (M_k = N_k: Z = X_k, fixed), one
-    group per distinct (M_k, whole)."""
+def _groups(per_partition: np.ndarray, sizes: np.ndarray
+            ) -> list[tuple[int, np.ndarray, bool]]:
+    """(M, members, whole) of every group, one per distinct (M_k, whole): whole partitions have
+    M_k = N_k and keep Z = X_k fixed."""
     whole = per_partition == sizes
     keys = sorted(set(zip(per_partition.tolist(), whole.tolist(), strict=True)))
-    return [(np.flatnonzero((per_partition == M) & (whole == w)), w) for M, w in keys]
+    return [(M, np.flatnonzero((per_partition == M) & (whole == w)), w) for M, w in keys]
+
+
+def _group_inducing(Xp, mask, sizes, M: int, members: np.ndarray, whole: bool, method,
+                    generator) -> torch.Tensor:
+    """Initial Z [G, M, D] of one group: the partitions' own inputs where whole, else one
+    batched k-means or grid over them."""
+    if whole:
+        return Xp[members, :M]
+    rows = int(sizes[members].max())
+    return init_inducing(Xp[members, :rows], M, mask[members, :rows], method, generator)
 
 
 def _initial_inducing_padded(Xp, mask, per_partition, sizes, method, generator
                              ) -> list[torch.Tensor]:
-    """One batched initialisation per group: k-means or grid over each partition, or the
-    partition's own inputs where M_k = N_k."""
+    """Initial Z of every partition, group by group in :class:`LocalGPs`' order (so the same
+    ``generator`` gives the same draws)."""
     inducing: dict[int, torch.Tensor] = {}
-    for members, whole in _groups(per_partition, sizes):
-        M = int(per_partition[members[0]])
-        if whole:
-            Z = Xp[members, :M]
-        else:
-            rows = int(mask[members].sum(-1).max())
-            Z = init_inducing(Xp[members, :rows], M, mask[members, :rows], method, generator)
+    for M, members, whole in _groups(per_partition, sizes):
+        Z = _group_inducing(Xp, mask, sizes, M, members, whole, method, generator)
         inducing.update(zip(members.tolist(), Z, strict=True))
     return [inducing[k] for k in range(len(per_partition))]
 
