@@ -25,17 +25,9 @@ from pyrogp_models.gaussian.linalg import deferred_checks
 META = torch.device("meta")
 
 
-#: The multitask models lay new rows out per task with data-dependent shapes (``bincount`` and
-#: the largest count): a GPU reads the counts back once per prediction, the meta device cannot
-#: run it at all.
-MULTITASK_LAYOUT = ("multitask: the task layout of new rows has data-dependent shapes, which the "
-                    "meta device cannot run")
-
-
-def case_param(name, prediction=False):
-    reason = CASES[name].xfail or (MULTITASK_LAYOUT if prediction and "multitask" in name
-                                   else None)
-    marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
+def prediction_param(name):
+    reason = CASES[name].meta_prediction_fails
+    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
     return pytest.param(name, marks=marks)
 
 
@@ -53,7 +45,7 @@ def assert_on_meta(tensors):
         assert tensor.device == META
 
 
-@pytest.mark.parametrize("name", [case_param(name) for name in CASES])
+@pytest.mark.parametrize("name", list(CASES))
 def test_objective_and_gradient_run_on_another_device(name):
     model = on_meta(name)
     parameters = [p for p in model.parameters() if p.requires_grad]
@@ -67,7 +59,7 @@ def test_objective_and_gradient_run_on_another_device(name):
             assert_on_meta([value, *torch.autograd.grad(value.sum(), block)])
 
 
-@pytest.mark.parametrize("name", [case_param(name, prediction=True) for name in CASES])
+@pytest.mark.parametrize("name", [prediction_param(name) for name in CASES])
 def test_prediction_runs_on_another_device(name):
     model = on_meta(name)
     X = torch.zeros(5, 1, dtype=torch.float64, device=META)  # every case has one input
@@ -134,7 +126,7 @@ def reads_of_a_fit(name, steps, monkeypatch) -> tuple[int, int]:
 
 
 @pytest.mark.filterwarnings("ignore::pyrogp_models.errors.NotConvergedWarning")
-@pytest.mark.parametrize("name", [case_param(name) for name in CASES])
+@pytest.mark.parametrize("name", list(CASES))
 def test_training_steps_read_nothing_back_to_the_host(name, monkeypatch):
     """Twenty more training steps add fewer than twenty host reads (the trainer looks at the
     losses once per window of 10 steps): building and exporting the model, which may read, cost

@@ -1,6 +1,7 @@
 """The jitter ladder of ``gaussian/linalg.py``: relative jitter, a rung per failed batch member
-only, a clear error past the last rung, NaN instead of a host check when deferred; and the
-inverse Cholesky factor against a dense numpy inverse."""
+only, a clear error past the last rung, NaN instead of a host check when deferred (float64) or
+the same rungs climbed on the device (float32); and the inverse Cholesky factor against a dense
+numpy inverse."""
 
 import numpy as np
 import pytest
@@ -85,6 +86,23 @@ def test_unchecked_and_deferred_factors_are_nan_where_they_fail():
 def _deferred(batch):
     with deferred_checks():
         return cholesky(batch)
+
+
+def test_deferred_float32_factors_climb_the_ladder_on_the_device_as_the_checked_path_does():
+    """Each member at its own rung, as the checked path (float64 reference); NaN past the last
+    rung; the gradient reaches every member that factorises, and only through its own rung."""
+    needs = {0.1: 1e-6, -5e-6: 1e-5, -5e-5: 1e-4, -5e-4: 1e-3}
+    members = [with_smallest_eigenvalue(value, seed=k) for k, value in enumerate(needs)]
+    batch = torch.stack([*members, with_smallest_eigenvalue(-0.05)]).float().requires_grad_()
+    with deferred_checks():
+        factor = cholesky(batch)
+    for k, rung in enumerate(needs.values()):
+        np.testing.assert_allclose(factor[k].detach().double().numpy(),
+                                   reference_factor(batch[k].detach().double(), rung),
+                                   rtol=2e-3, atol=2e-3)
+    assert torch.isnan(factor[-1]).all()
+    factor[:-1].diagonal(dim1=-2, dim2=-1).log().sum().backward()
+    assert torch.isfinite(batch.grad[:-1]).all()
 
 
 def test_inverse_cholesky_is_a_lower_factor_of_the_inverse():

@@ -8,7 +8,10 @@ Cholesky factor of A with reversed rows and columns (:func:`inverse_cholesky`).
 Host synchronisation: climbing the ladder needs to know, on the host, whether a factorisation
 failed. Inside :func:`deferred_checks` (the trainer's loop) nothing is read back: a failed factor
 is NaN, the loss turns NaN and the caller finds it when it next reads the loss (the trainer: once
-per convergence window).
+per convergence window). In float32, whose rounding breaks factorisations that float64 takes at
+the first rung, the deferred path climbs the ladder on the device instead: every rung is tried
+without gradient, and each member is factorised once more at its first rung that succeeds — the
+same factor the checked path finds.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pyrogp_models.errors import CholeskyError
 JITTER_LADDER = (1e-6, 1e-5, 1e-4, 1e-3)
 #: Default relative jitter on the inducing covariance K_zz of every sparse GP.
 DEFAULT_JITTER = JITTER_LADDER[0]
+#: Dtypes whose deferred factorisations climb the jitter ladder on the device.
+LADDER_ON_DEVICE = (torch.float32,)
 
 _DEFERRED = contextvars.ContextVar("pyrogp_deferred_checks", default=False)
 
@@ -32,7 +37,8 @@ _DEFERRED = contextvars.ContextVar("pyrogp_deferred_checks", default=False)
 @contextlib.contextmanager
 def deferred_checks() -> Iterator[None]:
     """Within this context factorisations never synchronise with the device: a failed Cholesky
-    factor is NaN instead of a :class:`CholeskyError` (and the jitter ladder is not climbed)."""
+    factor is NaN instead of a :class:`CholeskyError` (the jitter ladder is climbed on the device
+    in the dtypes of :data:`LADDER_ON_DEVICE`, not at all in the others)."""
     token = _DEFERRED.set(True)
     try:
         yield
@@ -45,12 +51,12 @@ def checks_deferred() -> bool:
     return _DEFERRED.get()
 
 
-def add_jitter(matrix: torch.Tensor, relative_jitter: float) -> torch.Tensor:
-    """A + ε·mean(diag A)·I, batched over the leading dimensions."""
+def add_jitter(matrix: torch.Tensor, relative_jitter: float | torch.Tensor) -> torch.Tensor:
+    """A + ε·mean(diag A)·I, batched over the leading dimensions (ε a number or one per member)."""
     diagonal = matrix.diagonal(dim1=-2, dim2=-1)
-    scale = diagonal.mean(-1, keepdim=True).clamp_min(torch.finfo(matrix.dtype).tiny)
+    scale = diagonal.mean(-1).clamp_min(torch.finfo(matrix.dtype).tiny)
     eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-    return matrix + (relative_jitter * scale).unsqueeze(-1) * eye
+    return matrix + (relative_jitter * scale)[..., None, None] * eye
 
 
 def cholesky(matrix: torch.Tensor, relative_jitter: float = DEFAULT_JITTER,
@@ -59,11 +65,14 @@ def cholesky(matrix: torch.Tensor, relative_jitter: float = DEFAULT_JITTER,
 
     Raises :class:`CholeskyError` naming ``what`` if some member is still not positive definite
     after the last rung of :data:`JITTER_LADDER`. ``check=False`` (the default inside
-    :func:`deferred_checks`) skips the host-synchronising failure test: failed members are NaN.
+    :func:`deferred_checks`) skips the host-synchronising failure test: failed members are NaN
+    (in float32 only those that fail at every rung).
     """
-    factor, info = torch.linalg.cholesky_ex(add_jitter(matrix, relative_jitter))
     if check is None:
         check = not checks_deferred()
+    if not check and matrix.dtype in LADDER_ON_DEVICE:
+        return _cholesky_at_first_good_rung(matrix, relative_jitter)
+    factor, info = torch.linalg.cholesky_ex(add_jitter(matrix, relative_jitter))
     if not check:
         return torch.where((info > 0)[..., None, None], torch.nan, factor)
     batch_shape = matrix.shape[:-2]
@@ -85,6 +94,19 @@ def cholesky(matrix: torch.Tensor, relative_jitter: float = DEFAULT_JITTER,
         flat_factor = flat_factor.index_put((failed,), retry)
         flat_info = flat_info.index_put((failed,), retry_info)
     return flat_factor.reshape(*batch_shape, size, size)
+
+
+def _cholesky_at_first_good_rung(matrix: torch.Tensor, relative_jitter: float) -> torch.Tensor:
+    """chol(A + ε_b·mean(diag A)·I) with ε_b the first rung (from ``relative_jitter`` up the
+    ladder) at which member b factorises, found on the device; NaN where none does."""
+    rungs = [relative_jitter] + [j for j in JITTER_LADDER if j > relative_jitter]
+    with torch.no_grad():
+        jittered = torch.stack([add_jitter(matrix, rung) for rung in rungs])
+        failed = torch.linalg.cholesky_ex(jittered)[1] > 0
+        first_good = failed.to(torch.int8).argmin(0)  # the first rung that did not fail
+    ladder = torch.tensor(rungs, dtype=matrix.dtype, device=matrix.device)
+    factor, info = torch.linalg.cholesky_ex(add_jitter(matrix, ladder[first_good]))
+    return torch.where((info > 0)[..., None, None], torch.nan, factor)
 
 
 def inverse_cholesky(matrix: torch.Tensor, what: str = "precision matrix",
