@@ -162,9 +162,12 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
     with parameter_scope(config):  # nothing is left in Pyro's global parameter store
         starts = None
         if number_of_restarts(spec) > 1:  # the best start per partition, fitted afresh
-            best = restarts.screen(build, X_model, y_model, partition, inducing,
-                                   number_of_restarts(spec), replace(config, pin=False))
-            starts = restarts.restart_scales(number_of_restarts(spec))[best]
+            candidates = restarts.local_restart_scales(
+                number_of_restarts(spec), kernel, partition, [len(z) for z in inducing],
+                X_model.shape[-1])
+            best = restarts.screen(build, X_model, y_model, partition, inducing, candidates,
+                                   replace(config, pin=False))
+            starts = candidates[torch.arange(len(best)), best]
         model = build(X_model, y_model, partition, inducing, starts)
         result = train(model, config=config)
         converged = model.partition_values(result.member_converged or [])

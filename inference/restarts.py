@@ -9,17 +9,22 @@ starts at once — R members of one batched model, each a copy of the partition'
 start whose bound is highest after a screening fit (the earliest within :data:`MARGIN`) is
 fitted again from its start, alone.
 
-The starts (:func:`restart_scales`): the library's rule (:mod:`~pyrogp_models.models.local.
-initialisation`), whose lengthscale is about the spacing of the inducing inputs, then
+The starts (:func:`local_restart_scales`): the library's rule (:mod:`~pyrogp_models.models.
+local.initialisation`), whose lengthscale is about the spacing of the inducing inputs, then
 lengthscales (and periods not given) longer by up to the factor :data:`LONGEST` with initial
 Gaussian noise smaller by up to :data:`QUIETEST`, spread evenly in log scale. On the CO2 series
 the last start (ℓ × 4, noise × 0.01) finds the seasonal optimum (bound 3620 against 1147); a
-short-lengthscale start loses itself in the trace term of the sparse bound. Exact experts have
-no trace term and start from the other side (:func:`exact_restart_scales`): the rule's
-lengthscale (1 in standardised units, about a third of the inputs' range), then shorter ones down
-to :data:`~pyrogp_models.inference.train_config.SPACING_MULTIPLE` times the inputs' spacing. On
-CO2 the rule's start settles on the trend (12 years, 2.1 ppm held-out error) and the short one on
-the seasonal optimum (0.29 years, log marginal likelihood 3622 against 1147 for one exact GP).
+short-lengthscale start loses itself in the trace term of the sparse bound. A composite kernel's
+last start has its lengthscales at least at the inputs' spread, where its long terms belong: on
+CO2 with whole summers held out (one partition, M = 300, ``rbf + periodic(period=1) * rbf + rq
++ white``) the rule's starts settle at a seasonal envelope of 1.5 years (bound 4684, held-out
+RMSE 0.62 ppm), the spread's at 150 years (bound 4878, 0.41 ppm; scikit-learn's exact GP 0.40).
+Exact experts have no trace term and start from the other side (:func:`exact_restart_scales`):
+the rule's lengthscale (1 in standardised units, about a third of the inputs' range), then
+shorter ones down to :data:`~pyrogp_models.inference.train_config.SPACING_MULTIPLE` times the
+inputs' spacing. On CO2 the rule's start settles on the trend (12 years, 2.1 ppm held-out error)
+and the short one on the seasonal optimum (0.29 years, log marginal likelihood 3622 against 1147
+for one exact GP).
 Values the user gave are kept in every start.
 """
 
@@ -36,6 +41,8 @@ from pyrogp_models.inference.trainer import train
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.errors import NotConvergedWarning
 from pyrogp_models.gaussian.linalg import deferred_checks
+from pyrogp_models.kernels import Kernel, Product, Sum
+from pyrogp_models.models.local.initialisation import spreads_per_lengthscale
 
 #: The longest restart lengthscale, relative to the rule's.
 LONGEST = 4.0
@@ -64,11 +71,28 @@ def number_of_starts(asked: int | None, default: int) -> int:
     return asked
 
 
-def restart_scales(restarts: int, last_lengthscale: float = LONGEST) -> torch.Tensor:
-    """[R, 2] factors on the rule's (lengthscale, noise) for each start: (1, 1) first, then
-    evenly in log scale to (``last_lengthscale``, :data:`QUIETEST`)."""
+def restart_scales(restarts: int, last_lengthscale: float | torch.Tensor = LONGEST
+                   ) -> torch.Tensor:
+    """[..., R, 2] factors on the rule's (lengthscale, noise) for each start: (1, 1) first, then
+    evenly in log scale to (``last_lengthscale`` [...], :data:`QUIETEST`)."""
     steps = torch.linspace(0.0, 1.0, restarts, dtype=torch.float64)
-    return torch.stack([last_lengthscale ** steps, QUIETEST ** steps], -1)
+    last = torch.as_tensor(last_lengthscale, dtype=torch.float64).unsqueeze(-1)
+    return torch.stack([last ** steps, (QUIETEST ** steps).expand_as(last ** steps)], -1)
+
+
+def local_restart_scales(restarts: int, kernel: Kernel, partition: Partition,
+                         num_inducing: list[int], dims: int) -> torch.Tensor:
+    """[K, R, 2] starts of local fits: :func:`restart_scales` to :data:`LONGEST`; for a
+    composite kernel the last start's lengthscales are at least the inputs' spread
+    (:func:`~pyrogp_models.models.local.initialisation.spreads_per_lengthscale` times the
+    rule's), where the long terms — a trend, a seasonal envelope — start."""
+    longest = torch.full((partition.num_partitions,), LONGEST, dtype=torch.float64)
+    if isinstance(kernel, Sum | Product):
+        spread = spreads_per_lengthscale(
+            torch.as_tensor(num_inducing, dtype=torch.float64),
+            torch.as_tensor(partition.sizes, dtype=torch.float64), dims)
+        longest = torch.maximum(longest, spread)
+    return restart_scales(restarts, longest)
 
 
 def input_spacing(X: torch.Tensor) -> float:
@@ -91,17 +115,18 @@ def exact_restart_scales(restarts: int, X: torch.Tensor, lengthscale: float) -> 
 
 
 def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tensor,
-           partition: Partition, inducing: list[torch.Tensor], restarts: int,
+           partition: Partition, inducing: list[torch.Tensor], starts: torch.Tensor,
            config: TrainConfig) -> torch.Tensor:
-    """Fit every partition from ``restarts`` starts as one batched model (``build(X, y,
-    partition, inducing, start_scales, num_inducing)`` makes it) to the change test of
+    """Fit every partition from its R ``starts`` [K, R, 2] (:func:`restart_scales`) as one
+    batched model (``build(X, y, partition, inducing, start_scales, num_inducing)`` makes it) to
+    the change test of
     ``config``, without pinning and without reporting its convergence; returns the winning start
     per partition [K]. A start whose bound cannot be evaluated as the trainer evaluates it (a
     factorisation that fails without the jitter ladder: tiny noise on a very large partition)
     loses. The fit then starts afresh from each partition's winning start, so that
     its result does not depend on how the screen batched the partitions (its end points differ
     by rounding amplified along flat directions; its starts do not)."""
-    K, R = partition.num_partitions, restarts
+    K, R = starts.shape[:2]
     copies = np.arange(R)
     assignments = (partition.assignments[None, :] * R + copies[:, None]).reshape(-1)
     repeated = Partition(assignments, {"kind": "random", "num_partitions": K * R})
@@ -111,7 +136,7 @@ def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tens
         return build(X.repeat(R, *[1] * (X.dim() - 1)), y.repeat(R), repeated,
                      [inducing[k] for k in range(K) for _ in copies], scales, num_inducing)
 
-    scales = restart_scales(R).repeat(K, 1)
+    scales = starts.reshape(K * R, 2).clone()
     screen_model = screen_model_from(scales)
     failed = _unevaluable(screen_model).cpu()  # one read per fit; the scales live on the host
     if bool(failed.any()):  # such a start loses: it becomes a copy of the rule's, which ties

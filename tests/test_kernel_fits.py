@@ -155,11 +155,44 @@ def test_a_start_that_cannot_be_evaluated_loses_instead_of_stopping_the_fit(monk
         return torch.where(quiet, torch.nan, value)
 
     monkeypatch.setattr(BatchedSVGP, "objective", failing_when_quiet)
-    monkeypatch.setattr(restarts, "restart_scales", lambda R, last=None: torch.tensor(
-        [[1.0, 1.0], [1.0, 1e-4]], dtype=torch.float64))
+    monkeypatch.setattr(restarts, "local_restart_scales", lambda R, *args: torch.tensor(
+        [[1.0, 1.0], [1.0, 1e-4]], dtype=torch.float64).expand(2, 2, 2))
     screened = fit_local(data, LocalFitSpec(num_inducing=12, restarts=2))
     torch.testing.assert_close(screened.model.elbo(), single.model.elbo(), rtol=1e-12, atol=0)
 
 
 def test_the_command_line_names_every_kernel_kind():
     assert set(KERNEL_KINDS) == set(KINDS)
+
+
+@pytest.mark.parametrize("expression, at_spread", [("rbf + periodic(period=1) * rbf", True),
+                                                   ("rbf", False)])
+def test_a_composite_kernels_last_start_has_its_lengthscales_at_the_inputs_spread(expression,
+                                                                                 at_spread):
+    """The rule starts ℓ at twice the inducing inputs' spacing, where short structure is found;
+    the long terms of a composite kernel (a trend, a seasonal envelope) start from the last
+    restart at the partition's input spread (its standard deviation); a single kernel's last
+    start stays at 4× the rule's."""
+    from pyrogp_models.inference import restarts
+
+    from pyrogp_models.kernels import Role
+    from pyrogp_models.models.local.local_gps import LocalGPs
+
+    X, y = seasonal_series(300)
+    partition = partition_contiguous(X, 2)
+    X_model = torch.as_tensor((X - X.mean(0)) / X.std(0))
+    kernel = parse_kernel(expression, 1)
+    starts = restarts.local_restart_scales(3, kernel, partition, [12, 12], 1)
+    first, last = (LocalGPs(X_model, torch.as_tensor(y), partition, 12, kernel=kernel,
+                            start_scales=starts[:, r]).groups[0].kernel for r in (0, 2))
+    spreads = torch.stack([X_model[partition.assignments == k].std(unbiased=False)
+                           for k in range(2)])
+    scaled = [path for path, leaf in first.parts()
+              if any(h.name == "lengthscale" and h.role is Role.INPUT_SCALE
+                     for h in leaf.hyperparameters)]
+    assert scaled
+    rule, started = (dict(kernel.parts()) for kernel in (first, last))
+    for path in scaled:
+        expected = spreads if at_spread else 4 * rule[path].lengthscale.reshape(2)
+        torch.testing.assert_close(started[path].lengthscale.reshape(2), expected, rtol=1e-9,
+                                   atol=0)

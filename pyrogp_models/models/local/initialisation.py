@@ -42,15 +42,20 @@ def input_spread(X: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return spread.clamp_min(MIN_SPREAD)
 
 
+def spreads_per_lengthscale(num_inducing: torch.Tensor, points: torch.Tensor, dims: int
+                            ) -> torch.Tensor:
+    """s_d / ℓ_d of the rule above, min(M_k^{1/D} / 2, N_k^{1/D} / 4), for M_k and N_k [...]."""
+    return torch.minimum(num_inducing ** (1.0 / dims) / 2.0, points ** (1.0 / dims) / 4.0)
+
+
 def initial_lengthscale(X: torch.Tensor, mask: torch.Tensor, num_inducing: int, ard: bool
                         ) -> torch.Tensor:
     """ℓ of the rule above: [K, D] with ARD, else [K, 1]."""
     spread = input_spread(X, mask)
-    dims = spread.shape[-1]
     points = mask.sum(-1, keepdim=True).to(X.dtype).clamp_min(1.0)
-    inducing_spacing = 2.0 * spread / num_inducing ** (1.0 / dims)
-    point_spacing = 4.0 * spread / points ** (1.0 / dims)
-    lengthscale = torch.maximum(inducing_spacing, point_spacing).clamp_min(MIN_SPREAD)
+    ratio = spreads_per_lengthscale(torch.full_like(points, num_inducing), points,
+                                    spread.shape[-1])
+    lengthscale = (spread / ratio).clamp_min(MIN_SPREAD)
     return lengthscale if ard else lengthscale.mean(-1, keepdim=True)
 
 
