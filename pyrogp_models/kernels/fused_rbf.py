@@ -40,6 +40,13 @@ def exp_of_product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     return torch.bmm(left, right.mT).clamp_min_(floor).exp_()
 
 
+def exponent_gradients(grad_exponent: torch.Tensor, left: torch.Tensor, right: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """P̄ = ∂E Q [..., N, R] and Q̄ = ∂Eᵀ P [..., M, R] of E = P Qᵀ, each formed transposed
+    (Qᵀ∂Eᵀ, Pᵀ∂E: products with R output rows, several times faster than R output columns)."""
+    return ((right.mT @ grad_exponent.mT).mT, (left.mT @ grad_exponent).mT)
+
+
 class ExpOfProduct(torch.autograd.Function):
     """G = exp(P Qᵀ) for P [B, N, R] and Q [B, M, R]; the backward keeps only P, Q and G."""
 
@@ -55,8 +62,7 @@ class ExpOfProduct(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         """With ∂E = ∂G ∘ G: the gradients ∂E Q [B, N, R] and ∂Eᵀ P [B, M, R]."""
         left, right, out = ctx.saved_tensors
-        grad_exponent = grad * out
-        return torch.bmm(grad_exponent, right), torch.bmm(grad_exponent.mT, left)
+        return exponent_gradients(grad * out, left, right)
 
 
 class GramOfExpOfProduct(torch.autograd.Function):
@@ -78,9 +84,7 @@ class GramOfExpOfProduct(torch.autograd.Function):
         left, right, vector, G = ctx.saved_tensors
         grad_G = torch.bmm(G, grad_gram + grad_gram.mT).addcmul_(vector, grad_projected.mT)
         grad_vector = torch.bmm(G, grad_projected) if ctx.needs_input_grad[2] else None
-        grad_exponent = grad_G.mul_(G)
-        return (torch.bmm(grad_exponent, right), torch.bmm(grad_exponent.mT, left),
-                grad_vector)
+        return (*exponent_gradients(grad_G.mul_(G), left, right), grad_vector)
 
 
 def _augmented_factors(X, Z, lengthscale, variance, weights):
@@ -120,6 +124,14 @@ def rbf_weighted_cross_covariance(X: torch.Tensor, Z: torch.Tensor, lengthscale:
     left, right, batch = _augmented_factors(X, Z, lengthscale, variance, weights)
     G = ExpOfProduct.apply(left, right)
     return G.reshape(*batch, *G.shape[-2:])
+
+
+def rbf_exponent_factors(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor,
+                         variance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """P [N, D+2] and Q [M, D+2] with exp(P Qᵀ) = σ² exp(−½|x_n − z_m|²/ℓ²) (one kernel:
+    X [N, D], Z [M, D], lengthscale [D] or [1], variance [])."""
+    left, right, _ = _augmented_factors(X, Z, lengthscale, variance, None)
+    return left.squeeze(0), right.squeeze(0)
 
 
 def rbf_weighted_gram(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor,
