@@ -39,8 +39,8 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from pyrogp_models.gaussian.exp_product import exp_of_product, exponent_gradients
 from pyrogp_models.gaussian.linalg import cholesky_solve, logdet_from_cholesky, triangular_solve
-from pyrogp_models.kernels.fused_rbf import exp_of_product, exponent_gradients
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -242,7 +242,7 @@ class _SiteGram(torch.autograd.Function):
 
 
 class ExpFactors(NamedTuple):
-    """K_*b = exp(P Qᵀ) in factored form (:func:`pyrogp_models.kernels.fused_rbf.
+    """K_*b = exp(P Qᵀ) in factored form (:func:`pyrogp_models.gaussian.exp_product.
     exp_of_product`; the RBF kernel's, :meth:`pyrogp_models.kernels.base.Kernel.
     exponent_factors`)."""
 

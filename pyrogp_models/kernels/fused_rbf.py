@@ -15,36 +15,20 @@ The Gaussian bounds need only Ψ₂ = GᵀG = K_zxWK_xz and Ψ₁ = Gᵀ(√w �
 is ∂G = G(∂Ψ₂ + ∂Ψ₂ᵀ) + (√w ∘ y)∂Ψ₁ᵀ. All products run as 3-D batched products on contiguous
 operands (one batch dimension), which is several times faster than broadcasting matmul on CPUs.
 
-Exponents below log of the dtype's smallest normal number are raised to it before the
-exponential: far pairs (half the entries of a meta-GP's cross-covariance) would otherwise
-underflow to subnormals or zero, which the vectorised exponential computes several times more
-slowly; the entries they become (≤ 3·10⁻³⁰⁸ in float64) change no sum they enter.
+The exponent is floored at log of the dtype's smallest normal number
+(:mod:`pyrogp_models.gaussian.exp_product`).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch.autograd.function import once_differentiable
 
-#: Log-weight given to padding (w = 0): its rows of G are the floor above (≤ 3·10⁻³⁰⁸ in
-#: float64), and exactly zero in Ψ₂ and Ψ₁ (their squares underflow; v = √w y = 0).
+from pyrogp_models.gaussian.exp_product import exp_of_product, exponent_gradients
+
+#: Log-weight given to padding (w = 0): its rows of G are exp of the exponent's floor
+#: (≤ 3·10⁻³⁰⁸ in float64), and exactly zero in Ψ₂ and Ψ₁ (their squares underflow; v = √w y = 0).
 PADDING_LOG_WEIGHT = -1.0e4
-
-
-def exp_of_product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """exp(left @ rightᵀ) [B, N, M] with the exponent floored at ⌈log of the smallest normal
-    number⌉ of the dtype (see the module docstring)."""
-    floor = math.ceil(math.log(torch.finfo(left.dtype).tiny))
-    return torch.bmm(left, right.mT).clamp_min_(floor).exp_()
-
-
-def exponent_gradients(grad_exponent: torch.Tensor, left: torch.Tensor, right: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """P̄ = ∂E Q [..., N, R] and Q̄ = ∂Eᵀ P [..., M, R] of E = P Qᵀ, each formed transposed
-    (Qᵀ∂Eᵀ, Pᵀ∂E: products with R output rows, several times faster than R output columns)."""
-    return ((right.mT @ grad_exponent.mT).mT, (left.mT @ grad_exponent).mT)
 
 
 class ExpOfProduct(torch.autograd.Function):
