@@ -495,12 +495,22 @@ def test_the_bound_does_not_depend_on_how_the_sites_are_blocked(monkeypatch):
         assert len(stack.sites.blocks) == (5 if columns > 1 else stack.num_modules)
         meta = MetaGP(stack, torch.linspace(-0.5, 4.5, 7).unsqueeze(-1),
                       Stationary("rbf", 1, (), False, 0.8, 1.5), on_unbounded="warn")
-        torch.manual_seed(0)
-        set_random_q(meta)
-        total = meta.bound()
-        total.backward()
-        values.append((total.detach(), [p.grad for p in meta.parameters()]))
-    (first, first_grads), (second, second_grads) = values
+        values.append(bound_and_gradient(meta, MetaGP.bound))
+    assert_same_value_and_gradient(*values)
+
+
+def bound_and_gradient(meta, objective):
+    """``objective(meta)`` and the gradients of the meta-GP's parameters at a seeded random q."""
+    torch.manual_seed(0)
+    set_random_q(meta)
+    total = objective(meta)
+    total.backward()
+    return total.detach(), [p.grad for p in meta.parameters()]
+
+
+def assert_same_value_and_gradient(first, second):
+    """Two (value, gradients) pairs of :func:`bound_and_gradient` agree to rounding."""
+    (first, first_grads), (second, second_grads) = first, second
     torch.testing.assert_close(first, second, rtol=1e-12, atol=0)
     for a, b in zip(first_grads, second_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
@@ -613,6 +623,62 @@ def test_site_quadratic_value_and_gradient_against_dense_algebra():
     for fast, slow in zip(stacked(cross_t, chol), dense(cross_t, chol), strict=True):
         torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-10)
     assert torch.autograd.gradcheck(lambda c, l: tuple(stacked(c, l.tril())), (cross_t, chol))
+
+
+def test_site_quadratic_from_exponent_factors_against_dense_algebra():
+    """Blocks given as factors of K_*b = exp(P Qᵀ) (the RBF's fused path, signs +1, 0 and −1)
+    give L⁻¹K_*·PK_·*L⁻ᵀ, L⁻¹K_*·b and c formed densely from the RBF kernel matrix, and the
+    hand-written gradient with respect to P, Q and L_** passes finite differences."""
+    from pyrogp_models.gaussian.expectations import ExpFactors, site_quadratic
+
+    generator = torch.Generator().manual_seed(2)
+    count, size, num_inducing = 4, 3, 5
+    kernel = Stationary("rbf", 1, (), False, 0.7, 1.3)
+    global_inducing = torch.randn(num_inducing, 1, generator=generator, dtype=torch.float64)
+    inputs = torch.randn(count * size, 1, generator=generator, dtype=torch.float64)
+    roots = torch.randn(count, size, size, generator=generator, dtype=torch.float64)
+    signs = torch.randint(-1, 2, (count * size,), generator=generator).to(torch.float64)
+    shift = torch.randn(count * size, generator=generator, dtype=torch.float64)
+    root = torch.randn(num_inducing, num_inducing, generator=generator, dtype=torch.float64)
+    prior_chol = torch.linalg.cholesky(root @ root.T + torch.eye(num_inducing,
+                                                                  dtype=torch.float64))
+    order = torch.cat([position_major(2, size), 2 * size + position_major(2, size)])  # 2 blocks
+    trace, constant = (torch.tensor(value, dtype=torch.float64) for value in (0.4, 0.9))
+    with torch.no_grad():
+        left, right = kernel.exponent_factors(global_inducing, inputs[order])
+        cross = stationary_covariance("rbf", inputs, global_inducing, kernel.lengthscale,
+                                      kernel.variance)  # [N, M], module after module
+
+    def stacked(left, right, chol):
+        blocks = [(ExpFactors(left, part), roots[part_rows].permute(1, 2, 0), s, b)
+                  for part, part_rows, s, b in zip(right.split([6, 6]), ([0, 1], [2, 3]),
+                                                   signs[order].split([6, 6]),
+                                                   shift[order].split([6, 6]), strict=True)]
+        return site_quadratic(blocks, chol, trace, constant)
+
+    dense_sites = torch.block_diag(*roots) @ torch.diag(signs) @ torch.block_diag(*roots).mT
+    half = torch.linalg.solve_triangular(prior_chol, cross.mT, upper=False)  # L⁻¹K_*·
+    precision = half @ dense_sites @ half.mT
+    expected = (precision, half @ shift, -0.5 * (trace - precision.diagonal().sum() + constant))
+    for fast, slow in zip(stacked(left, right, prior_chol), expected, strict=True):
+        torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-10)
+    arguments = (left.clone().requires_grad_(True), right.clone().requires_grad_(True),
+                 prior_chol.clone().requires_grad_(True))
+    assert torch.autograd.gradcheck(lambda p, q, l: tuple(stacked(p, q, l.tril())), arguments)
+
+
+def test_the_fused_rbf_path_gives_the_bound_and_gradient_of_the_kernel_matrices(monkeypatch):
+    """The meta-GP's bound through the RBF's exponent factors (all blocks' factors at once,
+    split) equals the bound through each block's kernel matrix, value and gradient."""
+    stack = ModuleStack.from_modules(heterogeneous_modules())
+    results = []
+    for fused in (True, False):
+        meta = MetaGP(stack, torch.linspace(-0.5, 4.5, 7).unsqueeze(-1),
+                      Stationary("rbf", 1, (), False, 0.8, 1.5), on_unbounded="warn")
+        if not fused:
+            monkeypatch.setattr(meta.kernel, "exponent_factors", lambda X, Z: None)
+        results.append(bound_and_gradient(meta, lambda m: m.bound() + m.collapsed_bound()))
+    assert_same_value_and_gradient(*results)
 
 
 def test_unbounded_error_lives_in_errors_and_carries_its_findings():

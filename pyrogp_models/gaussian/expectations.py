@@ -39,6 +39,7 @@ from typing import NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from pyrogp_models.gaussian.exp_product import exp_of_product, exponent_gradients
 from pyrogp_models.gaussian.linalg import cholesky_solve, logdet_from_cholesky, triangular_solve
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -192,6 +193,30 @@ def block_diagonal_product(blocks: torch.Tensor, matrix_t: torch.Tensor) -> torc
     return _BlockDiagonalProduct.apply(matrix_t.contiguous(), blocks.detach())
 
 
+def _site_gram(cross_t: torch.Tensor, inverse_chol: torch.Tensor, roots: torch.Tensor,
+               sign: torch.Tensor | None, shift: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """P_b = Aᵀ diag(s) A, u_b = K_*b b and Aᵀ diag(s) [M, N_b] for one block, with
+    Aᵀ = L_**⁻¹ (blockdiag(R_kᵀ) K_b*)ᵀ, outside autograd."""
+    factor_t = inverse_chol @ _apply_blocks(roots, cross_t, transpose=True)  # Aᵀ [M, N_b]
+    signed_t = factor_t if sign is None else factor_t * sign
+    precision = signed_t @ factor_t.mT
+    return 0.5 * (precision + precision.mT), cross_t @ shift, signed_t
+
+
+def _site_gram_backward(grad_precision: torch.Tensor, grad_projected: torch.Tensor,
+                        signed_t: torch.Tensor, inverse_chol: torch.Tensor,
+                        prior_chol: torch.Tensor, precision: torch.Tensor, roots: torch.Tensor,
+                        shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K̄_*b = (blockdiag(R_k) W̄)ᵀ + ū bᵀ with W̄ᵀ = (H L_**⁻¹)ᵀ (Aᵀ diag(s)) and
+    (L_**⁻¹)‾ = H P_b L_**ᵀ, H = P̄ + P̄ᵀ (:class:`_SiteGram`)."""
+    symmetric = grad_precision + grad_precision.mT
+    grad_cross_t = _apply_blocks(roots, (symmetric @ inverse_chol).mT @ signed_t,
+                                 transpose=False)
+    grad_cross_t.addr_(grad_projected, shift)
+    return grad_cross_t, symmetric @ precision @ prior_chol.mT
+
+
 class _SiteGram(torch.autograd.Function):
     """(P_b, u_b) = (Aᵀ diag(s) A, K_*b b) for one block of modules, with Aᵀ = L_**⁻¹ Wᵀ,
     Wᵀ = (blockdiag(R_kᵀ) K_b*)ᵀ, from K_*b [M, N_b] (position-major) and L_**⁻¹ [M, M]; R_k, s,
@@ -204,28 +229,57 @@ class _SiteGram(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cross_t: torch.Tensor, inverse_chol: torch.Tensor, prior_chol: torch.Tensor,
                 roots: torch.Tensor, sign: torch.Tensor | None, shift: torch.Tensor):
-        factor_t = inverse_chol @ _apply_blocks(roots, cross_t, transpose=True)  # Aᵀ [M, N_b]
-        signed_t = factor_t if sign is None else factor_t * sign
-        precision = signed_t @ factor_t.mT
-        precision = 0.5 * (precision + precision.mT)
+        precision, projected, signed_t = _site_gram(cross_t, inverse_chol, roots, sign, shift)
         ctx.save_for_backward(signed_t, inverse_chol, prior_chol, precision, roots, shift)
-        return precision, cross_t @ shift
+        return precision, projected
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_precision: torch.Tensor, grad_projected: torch.Tensor):
-        signed_t, inverse_chol, prior_chol, precision, roots, shift = ctx.saved_tensors
-        symmetric = grad_precision + grad_precision.mT
-        grad_cross_t = _apply_blocks(roots, (symmetric @ inverse_chol).mT @ signed_t,
-                                     transpose=False)
-        grad_cross_t.addr_(grad_projected, shift)
-        grad_inverse = symmetric @ precision @ prior_chol.mT
+        grad_cross_t, grad_inverse = _site_gram_backward(grad_precision, grad_projected,
+                                                         *ctx.saved_tensors)
         return grad_cross_t, grad_inverse, None, None, None, None
 
 
-#: The terms of one block of the stacked site layout: K_*b [M, N_b] (position-major), R_k
-#: [M_k, M_k, G_b] (R_g[a, b] at [a, b, g]), s [N_b] (None: all +1) and b [N_b].
-BlockTerms = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]
+class ExpFactors(NamedTuple):
+    """K_*b = exp(P Qᵀ) in factored form (:func:`pyrogp_models.gaussian.exp_product.
+    exp_of_product`; the RBF kernel's, :meth:`pyrogp_models.kernels.base.Kernel.
+    exponent_factors`)."""
+
+    left: torch.Tensor  # P [M, R], the global inducing inputs' side
+    right: torch.Tensor  # Q [N_b, R], the block's module inducing inputs' side
+
+
+class _ExpSiteGram(torch.autograd.Function):
+    """:class:`_SiteGram` with K_*b = exp(P Qᵀ) formed inside from its factors: one autograd
+    step per block, and the backward K̄_*b ∘ K_*b = Ē in place, P̄ = Ē Q, Q̄ = Ēᵀ P (products
+    whose outputs have R rows)."""
+
+    @staticmethod
+    def forward(ctx, left: torch.Tensor, right: torch.Tensor, inverse_chol: torch.Tensor,
+                prior_chol: torch.Tensor, roots: torch.Tensor, sign: torch.Tensor | None,
+                shift: torch.Tensor):
+        cross_t = exp_of_product(left.unsqueeze(0), right.unsqueeze(0)).squeeze(0)
+        precision, projected, signed_t = _site_gram(cross_t, inverse_chol, roots, sign, shift)
+        ctx.save_for_backward(left, right, cross_t, signed_t, inverse_chol, prior_chol,
+                              precision, roots, shift)
+        return precision, projected
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_precision: torch.Tensor, grad_projected: torch.Tensor):
+        left, right, cross_t, *algebra = ctx.saved_tensors
+        grad_cross_t, grad_inverse = _site_gram_backward(grad_precision, grad_projected,
+                                                         *algebra)
+        grad_exponent = grad_cross_t.mul_(cross_t)
+        return (*exponent_gradients(grad_exponent, left, right), grad_inverse, None, None, None,
+                None)
+
+
+#: The terms of one block of the stacked site layout: K_*b [M, N_b] (position-major; or its
+#: :class:`ExpFactors`), R_k [M_k, M_k, G_b] (R_g[a, b] at [a, b, g]), s [N_b] (None: all +1)
+#: and b [N_b].
+BlockTerms = tuple[torch.Tensor | ExpFactors, torch.Tensor, torch.Tensor | None, torch.Tensor]
 
 
 def site_quadratic(blocks: Iterable[BlockTerms], prior_chol: torch.Tensor,
@@ -242,13 +296,14 @@ def site_quadratic(blocks: Iterable[BlockTerms], prior_chol: torch.Tensor,
 
     The modules come in blocks of one M_k each (:class:`pyrogp_models.modules.stack.SiteBlock`),
     summed; ``blocks`` may be a generator that forms each block's K_*b just before it is used,
-    so that a block's products run in cache. Per block the forward is M_k passes for the block
-    product, one product with L_**⁻¹ and the Gram product; the backward one product and M_k
-    passes — linear in N.
+    so that a block's products run in cache, or give K_*b = exp(PQᵀ) as :class:`ExpFactors`
+    (the RBF), formed inside the block's one autograd step. Per block the forward is M_k passes
+    for the block product, one product with L_**⁻¹ and the Gram product; the backward one
+    product and M_k passes — linear in N.
 
     Args:
-        blocks: (K_*b, R, s, b) per block (:data:`BlockTerms`; R, s, b constants; s = None when
-            every sign is +1, which saves a pass).
+        blocks: (K_*b or its ExpFactors, R, s, b) per block (:data:`BlockTerms`; R, s, b
+            constants; s = None when every sign is +1, which saves a pass).
         prior_chol: L_** [M, M].
         site_trace: Σ_k tr(P_k K_kk^{(*)}) [].
         site_constant: Σ_k (the constants of :class:`SiteParameters`) [].
@@ -256,11 +311,14 @@ def site_quadratic(blocks: Iterable[BlockTerms], prior_chol: torch.Tensor,
     eye = torch.eye(prior_chol.shape[-1], dtype=prior_chol.dtype, device=prior_chol.device)
     inverse_chol = triangular_solve(prior_chol, eye)  # L_**⁻¹
     precision, projected = 0.0, 0.0
-    for cross_t, roots, sign, shift in blocks:
-        part, part_projected = _SiteGram.apply(cross_t.contiguous(), inverse_chol,
-                                               prior_chol.detach(), roots.detach(),
-                                               None if sign is None else sign.detach(),
-                                               shift.detach())
+    for cross, roots, sign, shift in blocks:
+        constants = (prior_chol.detach(), roots.detach(),
+                     None if sign is None else sign.detach(), shift.detach())
+        if isinstance(cross, ExpFactors):
+            part, part_projected = _ExpSiteGram.apply(cross.left, cross.right, inverse_chol,
+                                                      *constants)
+        else:
+            part, part_projected = _SiteGram.apply(cross.contiguous(), inverse_chol, *constants)
         precision, projected = precision + part, projected + part_projected
     whitened_shift = triangular_solve(prior_chol, projected.unsqueeze(-1)).squeeze(-1)
     constant = -0.5 * (site_trace - precision.diagonal().sum() + site_constant)

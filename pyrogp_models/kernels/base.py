@@ -93,6 +93,12 @@ class Kernel(PyroModule):
         cross = self(X, Z)
         return cross if weights is None else cross * weights.sqrt().unsqueeze(-1)
 
+    def exponent_factors(self, X: torch.Tensor, Z: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(P [N, R], Q [M, R]) with k(X, Z) = exp(P Qᵀ) for a kernel of batch shape (), or None
+        when the kernel has no such form (only the RBF has)."""
+        return None
+
     def weighted_gram(self, X: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor,
                       y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Ψ₂ = k(Z, X)Wk(X, Z) [*batch, M, M] and Ψ₁ = k(Z, X)Wy [*batch, M] (W = diag w)."""

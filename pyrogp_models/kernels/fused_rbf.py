@@ -15,29 +15,20 @@ The Gaussian bounds need only Ψ₂ = GᵀG = K_zxWK_xz and Ψ₁ = Gᵀ(√w �
 is ∂G = G(∂Ψ₂ + ∂Ψ₂ᵀ) + (√w ∘ y)∂Ψ₁ᵀ. All products run as 3-D batched products on contiguous
 operands (one batch dimension), which is several times faster than broadcasting matmul on CPUs.
 
-Exponents below log of the dtype's smallest normal number are raised to it before the
-exponential: far pairs (half the entries of a meta-GP's cross-covariance) would otherwise
-underflow to subnormals or zero, which the vectorised exponential computes several times more
-slowly; the entries they become (≤ 3·10⁻³⁰⁸ in float64) change no sum they enter.
+The exponent is floored at log of the dtype's smallest normal number
+(:mod:`pyrogp_models.gaussian.exp_product`).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch.autograd.function import once_differentiable
 
-#: Log-weight given to padding (w = 0): its rows of G are the floor above (≤ 3·10⁻³⁰⁸ in
-#: float64), and exactly zero in Ψ₂ and Ψ₁ (their squares underflow; v = √w y = 0).
+from pyrogp_models.gaussian.exp_product import exp_of_product, exponent_gradients
+
+#: Log-weight given to padding (w = 0): its rows of G are exp of the exponent's floor
+#: (≤ 3·10⁻³⁰⁸ in float64), and exactly zero in Ψ₂ and Ψ₁ (their squares underflow; v = √w y = 0).
 PADDING_LOG_WEIGHT = -1.0e4
-
-
-def exp_of_product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """exp(left @ rightᵀ) [B, N, M] with the exponent floored at ⌈log of the smallest normal
-    number⌉ of the dtype (see the module docstring)."""
-    floor = math.ceil(math.log(torch.finfo(left.dtype).tiny))
-    return torch.bmm(left, right.mT).clamp_min_(floor).exp_()
 
 
 class ExpOfProduct(torch.autograd.Function):
@@ -55,8 +46,7 @@ class ExpOfProduct(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         """With ∂E = ∂G ∘ G: the gradients ∂E Q [B, N, R] and ∂Eᵀ P [B, M, R]."""
         left, right, out = ctx.saved_tensors
-        grad_exponent = grad * out
-        return torch.bmm(grad_exponent, right), torch.bmm(grad_exponent.mT, left)
+        return exponent_gradients(grad * out, left, right)
 
 
 class GramOfExpOfProduct(torch.autograd.Function):
@@ -78,9 +68,7 @@ class GramOfExpOfProduct(torch.autograd.Function):
         left, right, vector, G = ctx.saved_tensors
         grad_G = torch.bmm(G, grad_gram + grad_gram.mT).addcmul_(vector, grad_projected.mT)
         grad_vector = torch.bmm(G, grad_projected) if ctx.needs_input_grad[2] else None
-        grad_exponent = grad_G.mul_(G)
-        return (torch.bmm(grad_exponent, right), torch.bmm(grad_exponent.mT, left),
-                grad_vector)
+        return (*exponent_gradients(grad_G.mul_(G), left, right), grad_vector)
 
 
 def _augmented_factors(X, Z, lengthscale, variance, weights):
@@ -120,6 +108,14 @@ def rbf_weighted_cross_covariance(X: torch.Tensor, Z: torch.Tensor, lengthscale:
     left, right, batch = _augmented_factors(X, Z, lengthscale, variance, weights)
     G = ExpOfProduct.apply(left, right)
     return G.reshape(*batch, *G.shape[-2:])
+
+
+def rbf_exponent_factors(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor,
+                         variance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """P [N, D+2] and Q [M, D+2] with exp(P Qᵀ) = σ² exp(−½|x_n − z_m|²/ℓ²) (one kernel:
+    X [N, D], Z [M, D], lengthscale [D] or [1], variance [])."""
+    left, right, _ = _augmented_factors(X, Z, lengthscale, variance, None)
+    return left.squeeze(0), right.squeeze(0)
 
 
 def rbf_weighted_gram(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor,

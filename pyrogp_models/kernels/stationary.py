@@ -18,7 +18,11 @@ from collections.abc import Callable
 import torch
 
 from pyrogp_models.kernels.base import Role
-from pyrogp_models.kernels.fused_rbf import rbf_weighted_cross_covariance, rbf_weighted_gram
+from pyrogp_models.kernels.fused_rbf import (
+    rbf_exponent_factors,
+    rbf_weighted_cross_covariance,
+    rbf_weighted_gram,
+)
 from pyrogp_models.kernels.leaf import Hyperparameter, Leaf
 
 #: Smallest squared distance fed to a square root, keeping Matérn gradients finite at r = 0.
@@ -142,6 +146,15 @@ class Stationary(Leaf):
             return rbf_weighted_cross_covariance(self.slice(X), self.slice(Z), self.lengthscale,
                                                  self.variance, weights)
         return super().weighted_cross(X, Z, weights)
+
+    def exponent_factors(self, X: torch.Tensor, Z: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The RBF's (P, Q) with k(X, Z) = exp(P Qᵀ) (:func:`~pyrogp_models.kernels.fused_rbf.
+        rbf_exponent_factors`); None for other families and batched kernels."""
+        if self.family != "rbf" or self.batch_shape != ():
+            return None
+        return rbf_exponent_factors(self.slice(X), self.slice(Z), self.lengthscale,
+                                    self.variance)
 
     def weighted_gram(self, X: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor,
                       y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

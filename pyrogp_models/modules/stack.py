@@ -165,6 +165,7 @@ class StackedSites(NamedTuple):
     docstring): constants of the meta-GP's bound, computed once per stack."""
 
     blocks: tuple[SiteBlock, ...]
+    inputs: torch.Tensor  # the blocks' inputs one after another, [Σ_b G_b M_k, D]
     traces: tuple[SiteTrace, ...]  # per M_k-group
     constant: torch.Tensor  # Σ_k (the constants of SiteParameters), []
 
@@ -286,7 +287,8 @@ class ModuleStack:
                                     group.inducing[:, columns].unsqueeze(-2),
                                     precision.diagonal(dim1=-2, dim2=-1),
                                     precision[:, rows, columns] + precision[:, columns, rows]))
-        return StackedSites(tuple(blocks), tuple(traces),
+        return StackedSites(tuple(blocks), torch.cat([block.inputs for block in blocks]),
+                            tuple(traces),
                             sum(group.sites.constant.sum() for group in self.groups))
 
     def indefinite_sites(self) -> list[str]:

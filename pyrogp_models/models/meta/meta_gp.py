@@ -44,7 +44,7 @@ raising :class:`~pyrogp_models.errors.UnboundedBoundError` (or warning;
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyro
@@ -56,7 +56,9 @@ from pyrogp_models.data import Standardisation
 from pyrogp_models.errors import IncompatibleModulesError, MixedLikelihoodsError
 from pyrogp_models.gaussian import conditionals
 from pyrogp_models.gaussian.expectations import (
+    BlockTerms,
     ContrastiveQuadratic,
+    ExpFactors,
     contrastive_expectation,
     evaluate_quadratic,
     site_quadratic,
@@ -72,7 +74,7 @@ from pyrogp_models.layers import OneLayer, SparseGPLayer, unique_name
 from pyrogp_models.likelihoods import LIKELIHOODS, Likelihood, make_likelihood
 from pyrogp_models.models.meta.boundedness import ON_UNBOUNDED, BoundednessGuard, describe_unbounded
 from pyrogp_models.modules.record import Module
-from pyrogp_models.modules.stack import ModuleStack
+from pyrogp_models.modules.stack import ModuleStack, StackedSites
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -217,8 +219,20 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
             return ContrastiveQuadratic(prior_chol.new_zeros(size, size),
                                         prior_chol.new_zeros(size), prior_chol.new_zeros(()))
         sites = self.stack.sites
-        blocks = ((self.cross_covariance(block.inputs), *block[1:]) for block in sites.blocks)
-        return site_quadratic(blocks, prior_chol, self.site_trace(), sites.constant)
+        return site_quadratic(self._site_blocks(sites), prior_chol, self.site_trace(),
+                              sites.constant)
+
+    def _site_blocks(self, sites: StackedSites) -> Iterator[BlockTerms]:
+        """The terms of every site block with its K_*b: for the RBF its factors, formed for all
+        blocks at once and split (:class:`pyrogp_models.gaussian.expectations.ExpFactors`),
+        otherwise each block's K_*b just before it is used."""
+        factors = self.kernel.exponent_factors(self.inducing, sites.inputs)
+        if factors is None:
+            return ((self.cross_covariance(block.inputs), *block[1:]) for block in sites.blocks)
+        left, right = factors
+        parts = right.split([block.inputs.shape[0] for block in sites.blocks])
+        return ((ExpFactors(left, part), *block[1:])
+                for block, part in zip(sites.blocks, parts, strict=True))
 
     def contrastive_predictives(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """q_C(u_k) = N(m_C, S_C) per M_k-group (eq. 17, whitened): means [G, M_k] and
