@@ -76,8 +76,8 @@ def restart_scales(restarts: int, last_lengthscale: float | torch.Tensor = LONGE
     """[..., R, 2] factors on the rule's (lengthscale, noise) for each start: (1, 1) first, then
     evenly in log scale to (``last_lengthscale`` [...], :data:`QUIETEST`)."""
     steps = torch.linspace(0.0, 1.0, restarts, dtype=torch.float64)
-    last = torch.as_tensor(last_lengthscale, dtype=torch.float64).unsqueeze(-1)
-    return torch.stack([last ** steps, (QUIETEST ** steps).expand_as(last ** steps)], -1)
+    lengthscales = torch.as_tensor(last_lengthscale, dtype=torch.float64).unsqueeze(-1) ** steps
+    return torch.stack([lengthscales, (QUIETEST ** steps).expand_as(lengthscales)], -1)
 
 
 def local_restart_scales(restarts: int, kernel: Kernel, partition: Partition,
@@ -85,7 +85,9 @@ def local_restart_scales(restarts: int, kernel: Kernel, partition: Partition,
     """[K, R, 2] starts of local fits: :func:`restart_scales` to :data:`LONGEST`; for a
     composite kernel the last start's lengthscales are at least the inputs' spread
     (:func:`~pyrogp_models.models.local.initialisation.spreads_per_lengthscale` times the
-    rule's), where the long terms — a trend, a seasonal envelope — start."""
+    rule's), where the long terms — a trend, a seasonal envelope — start. The factor is one per
+    partition, for all ``dims`` input dimensions: a leaf on fewer of them starts below its
+    spread."""
     longest = torch.full((partition.num_partitions,), LONGEST, dtype=torch.float64)
     if isinstance(kernel, Sum | Product):
         spread = spreads_per_lengthscale(

@@ -80,7 +80,7 @@ def cholesky(matrix: torch.Tensor, relative_jitter: float = DEFAULT_JITTER,
     flat_matrix = matrix.reshape(-1, size, size)
     flat_factor = factor.reshape(-1, size, size)
     flat_info = info.reshape(-1)
-    ladder = [j for j in JITTER_LADDER if j > relative_jitter]
+    ladder = _rungs(relative_jitter)[1:]
     while bool((flat_info > 0).any()):
         if not ladder:
             raise CholeskyError(
@@ -96,10 +96,16 @@ def cholesky(matrix: torch.Tensor, relative_jitter: float = DEFAULT_JITTER,
     return flat_factor.reshape(*batch_shape, size, size)
 
 
+def _rungs(relative_jitter: float) -> list[float]:
+    """The jitters a factorisation tries in turn: ``relative_jitter``, then the larger rungs of
+    :data:`JITTER_LADDER`."""
+    return [relative_jitter] + [j for j in JITTER_LADDER if j > relative_jitter]
+
+
 def _cholesky_at_first_good_rung(matrix: torch.Tensor, relative_jitter: float) -> torch.Tensor:
-    """chol(A + ε_b·mean(diag A)·I) with ε_b the first rung (from ``relative_jitter`` up the
-    ladder) at which member b factorises, found on the device; NaN where none does."""
-    rungs = [relative_jitter] + [j for j in JITTER_LADDER if j > relative_jitter]
+    """chol(A + ε_b·mean(diag A)·I) with ε_b the first of :func:`_rungs` at which member b
+    factorises, found on the device; NaN where none does."""
+    rungs = _rungs(relative_jitter)
     with torch.no_grad():
         jittered = torch.stack([add_jitter(matrix, rung) for rung in rungs])
         failed = torch.linalg.cholesky_ex(jittered)[1] > 0
