@@ -40,7 +40,7 @@ from pyrogp_models.inference.trainer import TrainConfig, TrainResult
 from pyrogp_models.data import Standardisation
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.errors import PyrogpError
-from pyrogp_models.models.local.local_gps import initial_inducing
+from pyrogp_models.models.local.local_gps import inducing_per_partition, initial_inducing
 from pyrogp_models.modules.files import module_from_bytes, module_to_bytes
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
@@ -172,7 +172,7 @@ def chunk_tasks(data: PartitionedData | tuple, num_chunks: int, spec: LocalFitSp
         raise ValueError(f"{len(names)} names for {num_partitions} partitions")
     inducing = initial_inducing(X_model, y_model, partition, spec.num_inducing,
                                 spec.inducing_init, seeded_generator(config, spec))
-    per_partition = np.broadcast_to(np.asarray(spec.num_inducing), (num_partitions,))
+    per_partition = inducing_per_partition(partition, spec.num_inducing)
     info = {"partition_rule": partition.rule.get("kind"), **(spec.info or {})}
     chunks = split_partitions(partition.sizes, num_chunks)
     tasks = []

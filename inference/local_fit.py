@@ -61,6 +61,9 @@ class LocalFitSpec:
     passes the ``standardisation`` and the initial ``inducing`` inputs (model units, one
     [M_k, D] per partition) computed from all the data.
 
+    ``num_inducing`` M_k defaults to half of each partition's N_k points, at most 100
+    (:func:`~pyrogp_models.data.inducing.default_num_inducing`).
+
     ``kernel`` is a name or expression (``"rbf + periodic(period=1) * rbf"``), a kernel of
     :mod:`pyrogp_models.kernels` — the values it gives are initial values **in data units**, the
     others come from each partition's data — or a ``pyro.contrib.gp`` kernel (or any PyroModule
@@ -74,7 +77,7 @@ class LocalFitSpec:
     restarts`; default :data:`~pyrogp_models.inference.train_config.DEFAULT_RESTARTS`, 1 with
     minibatches)."""
 
-    num_inducing: int | Sequence[int] = 10
+    num_inducing: int | Sequence[int] | None = None
     likelihood: str = "gaussian"
     likelihood_options: dict = field(default_factory=dict)
     kernel: str | torch.nn.Module = "rbf"

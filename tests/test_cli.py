@@ -123,6 +123,17 @@ def test_label_partition_routes_by_the_partition_column(capsys, folder, regressi
         np.testing.assert_allclose(mean[rows], expected, rtol=1e-12)
 
 
+def test_without_inducing_each_partition_takes_half_its_rows(capsys, folder, regression_csv):
+    """``--inducing`` is optional: every partition's M is half its size, rounded up (all
+    partitions are below 200 points here)."""
+    out = folder / "default_inducing"
+    run_ok(capsys, "fit-local", regression_csv, "--target", "y", "--partition-by", "group",
+           "--steps", "5", "--out", out)
+    data = load_table(regression_csv)
+    sizes = [int((data.column("group") == value).sum()) for value in (0.0, 1.0, 2.0)]
+    assert [m.num_inducing for m in load_modules(out).values()] == [(n + 1) // 2 for n in sizes]
+
+
 def test_binary_classifier_outputs_probabilities(capsys, folder, label_csv):
     out = folder / "classifier"
     run_ok(capsys, "fit-local", label_csv, "--target", "label", "--partitions", "2",

@@ -130,10 +130,10 @@ def test_every_public_name_imports(package):
     assert exit_code == 0
 
 
-def test_the_multitask_help_quotes_the_models_default_inducing_budget():
-    """The help text's copy (no torch at startup) of the model's rule."""
-    from pyrogp_models.inference.train_config import MULTITASK_MAX_DEFAULT_INDUCING
+def test_the_help_texts_quote_the_models_default_inducing_budget():
+    """The help texts' copy (no torch at startup) of the models' rule."""
+    from pyrogp_models.inference import train_config
 
-    from pyrogp_models.models.multitask.options import MAX_DEFAULT_INDUCING
+    from pyrogp_models.data import inducing
 
-    assert MULTITASK_MAX_DEFAULT_INDUCING == MAX_DEFAULT_INDUCING
+    assert train_config.MAX_DEFAULT_INDUCING == inducing.MAX_DEFAULT_INDUCING

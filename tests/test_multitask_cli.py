@@ -16,11 +16,11 @@ from pyrogp_models.inference.trainer import TrainConfig
 
 from helpers import resigned, run_failing, run_ok, write_csv
 from pyrogp_models.data import load_table
+from pyrogp_models.data.inducing import MAX_DEFAULT_INDUCING
 from pyrogp_models.errors import ModuleFileError
 from pyrogp_models.models.multitask import toy_tasks
 from pyrogp_models.models.multitask.families import SUMMARIES
 from pyrogp_models.models.multitask.files import load_multitask, save_multitask
-from pyrogp_models.models.multitask.options import MAX_DEFAULT_INDUCING
 from pyrogp_models.modules.files import load_module
 from pyrogp_models.modules.signed import file_format
 

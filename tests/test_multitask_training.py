@@ -16,8 +16,9 @@ from pyrogp_models.inference.multitask_fit import (
 from pyrogp_models.inference.trainer import TrainConfig, train
 
 from multitask_helpers import randomise, toy_data, toy_model
+from pyrogp_models.data.inducing import MAX_DEFAULT_INDUCING
 from pyrogp_models.models.multitask import MODELS, build_model, toy_tasks
-from pyrogp_models.models.multitask.options import MAX_DEFAULT_INDUCING, MultitaskOptions
+from pyrogp_models.models.multitask.options import MultitaskOptions
 from pyrogp_models.models.multitask.warm_start import CONTAINED, SWITCHED_OFF, embed_shallow
 
 DEEP = sorted(CONTAINED)

@@ -10,7 +10,7 @@ from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
 from pyrogp_models.inference.metrics import nlpd
 from pyrogp_models.inference.trainer import TrainConfig, train
 
-from pyrogp_models.data.partitioners import partition_contiguous, partition_random
+from pyrogp_models.data.partitioners import Partition, partition_contiguous, partition_random
 from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
 from pyrogp_models.kernels import Stationary
 from pyrogp_models.likelihoods import Gaussian, make_likelihood
@@ -314,6 +314,19 @@ def test_poisson_fit_recovers_the_rate():
     mean, _ = fit.modules["part000"].predict_y(np.array([[0.2], [0.5], [0.8]]))
     expected = np.exp(1.0 + np.sin(4 * np.array([0.2, 0.5, 0.8])))
     assert np.allclose(mean.numpy(), expected, rtol=0.2)
+
+
+def test_by_default_a_partition_takes_half_its_rows_as_inducing_inputs_at_most_100():
+    """M_k = min(⌈N_k/2⌉, 100) without ``num_inducing`` (partitions of 61 and 250 points: 31
+    and 100), and every Z moves: no default module stores its partition's inputs as Z."""
+    rng = np.random.default_rng(7)
+    X = rng.uniform(0, 6, size=(311, 1))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(311)
+    partition = Partition(np.repeat([0, 1], [61, 250]), {"kind": "random", "num_partitions": 2})
+    fit = fit_local((X, y, partition), LocalFitSpec(restarts=1), TrainConfig(steps=2))
+    assert [m.num_inducing for m in fit.modules.values()] == [31, 100]
+    assert all(any("inducing" in name for name, _ in group.named_parameters())
+               for group in fit.model.groups)
 
 
 def test_a_partition_with_as_many_inducing_inputs_as_points_fits_the_exact_gp():

@@ -17,6 +17,7 @@ from pyrogp_models.inference.commands.arguments import (
 )
 from pyrogp_models.inference.train_config import (
     COLLAPSED_CONFIG,
+    MAX_DEFAULT_INDUCING,
     MINIBATCH_NATURAL_GRADIENT,
     UNCOLLAPSED_CONFIG,
 )
@@ -40,8 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "distinct value (default: kmeans)")
     parser.add_argument("--dim", type=int, default=0,
                         help="input dimension cut into blocks by --partition-by contiguous")
-    parser.add_argument("--inducing", type=int, required=True, metavar="M",
-                        help="inducing inputs per partition")
+    parser.add_argument("--inducing", type=int, metavar="M",
+                        help="inducing inputs per partition (default: half its rows, at most "
+                             f"{MAX_DEFAULT_INDUCING})")
     parser.add_argument("--likelihood", default="gaussian", choices=LIKELIHOOD_NAMES,
                         metavar="NAME", help="observation model: a likelihood of the library "
                                              "(default: gaussian)")
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from pyrogp_models.io import describe_rule, module_table
     from pyrogp_models.io.formats import MODULE_FOLDER
 
-    if args.inducing < 1:
+    if args.inducing is not None and args.inducing < 1:
         raise DataError(f"--inducing must be at least 1, got {args.inducing}")
     if args.natural_gradient is not None:
         if not 0.0 <= args.natural_gradient <= 1.0:

@@ -23,8 +23,8 @@ from pyrogp_models.inference.commands.arguments import (
     add_seed,
 )
 from pyrogp_models.inference.train_config import (
+    MAX_DEFAULT_INDUCING,
     MULTITASK_DEEP_CONFIG,
-    MULTITASK_MAX_DEFAULT_INDUCING,
     MULTITASK_SHALLOW_CONFIG,
 )
 
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="inducing inputs of every process (each task's top GP, private "
                              "and shared processes, each latent GP of cgp): the same budget in "
                              "every model (default: the rows of the largest task, all of them "
-                             f"up to {MULTITASK_MAX_DEFAULT_INDUCING})")
+                             f"up to {MAX_DEFAULT_INDUCING})")
     parser.add_argument("--steps", type=int, metavar="N",
                         help="maximum optimiser steps of the model; the fit stops earlier once "
                              f"converged (default: {MULTITASK_SHALLOW_CONFIG.steps} L-BFGS steps "

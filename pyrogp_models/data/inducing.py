@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 
 from pyrogp_models.data.kmeans import kmeans
 from pyrogp_models.errors import DataError
 
 MAX_GRID_POINTS = 2**16
+#: The most inducing inputs a GP takes by default: a local fit's partition
+#: (:func:`default_num_inducing`) and a multitask model's process.
+MAX_DEFAULT_INDUCING = 100
+
+
+def default_num_inducing(rows):
+    """A partition's default M = min(⌈N/2⌉, :data:`MAX_DEFAULT_INDUCING`) for its ``rows`` N (an
+    int or an array of them): at least two points per inducing input on average, so that a
+    module's Z summarises its partition's inputs rather than listing them (M = N would store
+    Z = X), and never more than the cap."""
+    return np.minimum((np.asarray(rows) + 1) // 2, MAX_DEFAULT_INDUCING)
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ import torch
 from pyro.nn import PyroModule, PyroModuleList, pyro_method
 
 from pyrogp_models.data import Standardisation
-from pyrogp_models.data.inducing import init_inducing
+from pyrogp_models.data.inducing import default_num_inducing, init_inducing
 from pyrogp_models.data.partitioners import Partition, pad_partitions, route
 from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
@@ -48,7 +48,8 @@ class LocalGPs(PyroModule):
     Args:
         X, y: standardised inputs [N, D] and targets [N] (tensors of the wanted dtype/device).
         partition: which partition each point belongs to.
-        num_inducing: M for every partition, or one M_k per partition.
+        num_inducing: M for every partition, one M_k per partition, or ``None``: M_k =
+            min(⌈N_k/2⌉, 100).
         likelihood, likelihood_options: likelihood name and options (link, num_classes, ...).
         kernel: a kernel name or expression, a kernel of :mod:`pyrogp_models.kernels` (values
             it gives are kept; model units), a ``pyro.contrib.gp`` kernel or any PyroModule with
@@ -79,7 +80,7 @@ class LocalGPs(PyroModule):
     """
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, partition: Partition,
-                 num_inducing: int | Sequence[int], likelihood: str = "gaussian",
+                 num_inducing: int | Sequence[int] | None, likelihood: str = "gaussian",
                  likelihood_options: dict | None = None,
                  kernel: str | torch.nn.Module = "rbf", ard: bool = False,
                  inducing_init: str = "kmeans", learn_inducing: bool = True,
@@ -293,7 +294,7 @@ class LocalGPs(PyroModule):
 
 @torch.no_grad()
 def initial_inducing(X: torch.Tensor, y: torch.Tensor, partition: Partition,
-                     num_inducing: int | Sequence[int], method: str = "kmeans",
+                     num_inducing: int | Sequence[int] | None, method: str = "kmeans",
                      generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """Initial Z [M_k, D] of every partition, drawn exactly as :class:`LocalGPs` draws them."""
     per_partition = inducing_per_partition(partition, num_inducing)
@@ -301,9 +302,14 @@ def initial_inducing(X: torch.Tensor, y: torch.Tensor, partition: Partition,
     return _initial_inducing_padded(Xp, mask, per_partition, partition.sizes, method, generator)
 
 
-def inducing_per_partition(partition: Partition, num_inducing: int | Sequence[int]) -> np.ndarray:
-    """M_k of every partition [K]; a partition with fewer points than its M_k is refused."""
+def inducing_per_partition(partition: Partition, num_inducing: int | Sequence[int] | None
+                           ) -> np.ndarray:
+    """M_k of every partition [K]; ``None``: M_k = min(⌈N_k/2⌉, 100)
+    (:func:`~pyrogp_models.data.inducing.default_num_inducing`). A partition with fewer points
+    than its M_k is refused."""
     sizes = partition.sizes
+    if num_inducing is None:
+        return default_num_inducing(sizes)
     per_partition = np.broadcast_to(np.asarray(num_inducing), sizes.shape)
     if bool((per_partition > sizes).any()):
         k = int(np.argmax(per_partition > sizes))

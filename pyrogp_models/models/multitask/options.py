@@ -11,7 +11,8 @@ their best):
 - M inducing points per process: a private process and every task's top GP have M, and so has a
   shared (or coregionalised) process — the same budget in every model, a cost linear in the
   number of tasks. M defaults to the rows of the largest task, at most
-  :data:`MAX_DEFAULT_INDUCING` (resolved from the data by ``build_model``);
+  :data:`~pyrogp_models.data.inducing.MAX_DEFAULT_INDUCING` (resolved from the data by
+  ``build_model``);
 - S = 1 sample in training; the inner q(u) starts at its prior (q_sqrt = I, whitened: KL = 0) and
   the inner kernels with a small variance, so that at the start the inner layer passes its
   inputs through almost unchanged and the model is its shallow counterpart;
@@ -28,13 +29,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from pyrogp_models.data.inducing import MAX_DEFAULT_INDUCING
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.models.multitask.data import MINIBATCHES
 
 INNER_MEANS = ("linear", "zero")
 TOP_MEANS = ("linear", "zero")
-#: The default M per process is the rows of the largest task, at most this.
-MAX_DEFAULT_INDUCING = 100
 #: Models whose top layer is a GP per task on a latent space (they take the linear top mean).
 TASK_TOPS_ON_LATENTS = ("smdgp", "mmdgp", "idgp")
 COREGIONALISATIONS = ("icm", "lmc")
@@ -134,7 +134,8 @@ class MultitaskOptions:
 
     def with_inducing_for(self, counts: list[int]) -> MultitaskOptions:
         """``num_inducing`` resolved for tasks of ``counts`` rows: the rows of the largest
-        task, at most :data:`MAX_DEFAULT_INDUCING` (unchanged when given)."""
+        task, at most :data:`~pyrogp_models.data.inducing.MAX_DEFAULT_INDUCING` (unchanged
+        when given)."""
         if self.num_inducing is not None:
             return self
         return replace(self, num_inducing=max(1, min(max(counts), MAX_DEFAULT_INDUCING)))
