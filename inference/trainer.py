@@ -26,7 +26,8 @@ No value is read back to the host inside a step: losses stay on the device and f
 run under :func:`~pyrogp_models.gaussian.linalg.deferred_checks` (a failed Cholesky factor turns
 the loss NaN). The loss history is read once per convergence window of ``window`` steps, where a
 non-finite loss stops the fit with one line naming the cause. (Torch's L-BFGS, used for a model
-without ``member_objectives()``, compares losses on the host in its line search.)
+without ``member_objectives()``, compares losses on the host in its line search; a trial point
+whose loss is not finite is a wall it backs off from.)
 
 Convergence: stop when the mean loss of the last ``window`` steps differs from that of the window
 before by less than ``tol`` relative. Independent members under the batched L-BFGS are judged
@@ -252,7 +253,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                         if params:
                             optimizer.step()
                     else:
-                        loss = optimizer.step(closure)
+                        loss = _torch_lbfgs_step(optimizer, closure, params)
                 except ValueError:
                     _raise_if_not_finite(loss_fn, step + 1, config)
                     raise
@@ -292,6 +293,35 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     if config.tol is not None and not result.converged and step > start:
         _warn_not_converged(result, config)
     return result
+
+
+#: The loss torch's L-BFGS line search is given at a trial point whose loss is not finite: a
+#: wall it backs off from (finite, so that its cubic interpolation stays finite).
+LINE_SEARCH_WALL = 1e100
+
+
+def _torch_lbfgs_step(optimizer: torch.optim.LBFGS, closure: Callable[[], torch.Tensor],
+                      params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    """One step of torch's L-BFGS that refuses a trial point whose loss is not finite, as the
+    batched L-BFGS does: trial hyperparameters whose factorisation fails give NaN, and torch's
+    strong-Wolfe line search, given NaN, interpolates NaN steps into the parameters. Such a
+    point is shown to it as a :data:`LINE_SEARCH_WALL` with zero gradient, so that it backs off
+    to a finite point. Returns the loss at the step's start (non-finite if the start is: the
+    caller's check names it)."""
+    evaluations = 0
+
+    def walled_closure():
+        nonlocal evaluations
+        evaluations += 1
+        loss = closure()
+        if evaluations == 1 or bool(torch.isfinite(loss)):  # L-BFGS reads every loss anyway
+            return loss
+        for param in params:
+            if param.grad is not None:
+                param.grad.zero_()
+        return torch.tensor(LINE_SEARCH_WALL, dtype=torch.float64)
+
+    return optimizer.step(walled_closure)
 
 
 def _warn_not_converged(result: TrainResult, config: TrainConfig) -> None:

@@ -55,6 +55,36 @@ def test_a_non_finite_loss_is_named_with_pyro_validation_on():
         train(LogBarrier(), config=TrainConfig(lr=5.0, steps=50, window=10, tol=None))
 
 
+class WalledQuartic(PyroModule):
+    """ELBO −(x − 2)⁴ from x = 0, NaN beyond x = ``wall``: hyperparameters where a
+    factorisation fails, say."""
+
+    def __init__(self, wall: float):
+        super().__init__()
+        self.x = PyroParam(torch.tensor(0.0, dtype=torch.float64))
+        self.wall = wall
+
+    def model(self):
+        value = -(self.x - 2.0) ** 4
+        pyro.factor("f", torch.where(self.x > self.wall, math.nan, value))
+
+    def guide(self):
+        pass
+
+
+def test_torch_lbfgs_backs_off_from_non_finite_trial_points():
+    """A model without independent members trains under torch's L-BFGS, whose line search
+    tries points in the NaN region past the wall: with the wall beyond the optimum the fit
+    converges as without it; with the optimum beyond the wall it ends at the best finite point,
+    the wall."""
+    config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=200, window=2, tol=1e-12)
+    for wall, end in ((math.inf, 2.0), (2.5, 2.0), (1.0, 1.0)):
+        module = WalledQuartic(wall)
+        result = train(module, config=config)
+        assert result.converged and all(math.isfinite(loss) for loss in result.losses)
+        assert float(module.x) == pytest.approx(end, abs=0.01)
+
+
 def nan_poisson_fit(capsys, tmp_path, monkeypatch) -> str:
     from pyrogp_models.likelihoods.poisson import Poisson
 
