@@ -338,7 +338,8 @@ def _warn_not_converged(result: TrainResult, config: TrainConfig) -> None:
     elif config.tol is not None and result.change <= config.tol:
         change = (f"the loss changed by {result.change:.2g} (relative) over the last "
                   f"{config.window} steps, within the tolerance {config.tol:g}, but the "
-                  "parameters were not yet pinned at the optimum")
+                  "parameters were not yet pinned at the optimum (pinned, a module does not "
+                  "depend on which partitions shared its batch)")
     else:
         change = (f"the loss still changed by {result.change:.2g} (relative) over the last "
                   f"{config.window} steps, more than the tolerance {config.tol:g}")
