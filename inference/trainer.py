@@ -310,7 +310,7 @@ def _torch_lbfgs_step(optimizer: torch.optim.LBFGS, closure: Callable[[], torch.
     caller's check names it)."""
     evaluations = 0
 
-    def walled_closure():
+    def walled_closure() -> torch.Tensor | float:
         nonlocal evaluations
         evaluations += 1
         loss = closure()
@@ -319,7 +319,7 @@ def _torch_lbfgs_step(optimizer: torch.optim.LBFGS, closure: Callable[[], torch.
         for param in params:
             if param.grad is not None:
                 param.grad.zero_()
-        return torch.tensor(LINE_SEARCH_WALL, dtype=torch.float64)
+        return LINE_SEARCH_WALL  # a float: no tensor made, none overflowing in float32
 
     return optimizer.step(walled_closure)
 
