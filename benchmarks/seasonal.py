@@ -183,8 +183,7 @@ def local_fit_record(fit, seconds, warned, X_test, y_test) -> dict:
 
 def fit_local_one(s: Settings, X, y, kernel: str, num_inducing: int | None):
     """``fit_local`` with one partition and every default but the kernel and M."""
-    spec = LocalFitSpec(kernel=kernel) if num_inducing is None else \
-        LocalFitSpec(kernel=kernel, num_inducing=num_inducing)
+    spec = LocalFitSpec(kernel=kernel, num_inducing=num_inducing)  # None: the default
     return fit_local((X, y, partition_contiguous(X, 1)), spec, library_config(s, spec))
 
 
