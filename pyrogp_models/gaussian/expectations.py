@@ -277,8 +277,8 @@ class _ExpSiteGram(torch.autograd.Function):
 
 
 #: The terms of one block of the stacked site layout: K_*b [M, N_b] (position-major; or its
-#: :class:`ExpFactors`), R_k [M_k, M_k, G_b] (R_g[a, b] at [a, b, g]), s [N_b] (None: all +1)
-#: and b [N_b].
+#: :class:`ExpFactors`), R_k [M_k, M_k, G_b] (R_g[a, b] at [a, b, g]), s [N_b] (None: no −1;
+#: an s = 0 has a zero column of R_k, which +1 leaves zero) and b [N_b].
 BlockTerms = tuple[torch.Tensor | ExpFactors, torch.Tensor, torch.Tensor | None, torch.Tensor]
 
 
@@ -303,7 +303,7 @@ def site_quadratic(blocks: Iterable[BlockTerms], prior_chol: torch.Tensor,
 
     Args:
         blocks: (K_*b or its ExpFactors, R, s, b) per block (:data:`BlockTerms`; R, s, b
-            constants; s = None when every sign is +1, which saves a pass).
+            constants; s = None when no sign is −1, which saves a pass).
         prior_chol: L_** [M, M].
         site_trace: Σ_k tr(P_k K_kk^{(*)}) [].
         site_constant: Σ_k (the constants of :class:`SiteParameters`) [].

@@ -144,7 +144,9 @@ class SiteBlock(NamedTuple):
 
     inputs: torch.Tensor  # Z_k side by side, [G M_k, D]
     roots: torch.Tensor  # R_k, [M_k, M_k, G] (R_g[a, b] at [a, b, g])
-    sign: torch.Tensor | None  # s [G M_k]: P_k = R_k diag(s_k) R_kᵀ (None: every s is +1)
+    # s [G M_k]: P_k = R_k diag(s_k) R_kᵀ (None: no s is −1; the roots of an s = 0 are zero, so
+    # +1 there changes nothing and saves the pass that applies s)
+    sign: torch.Tensor | None
     shift: torch.Tensor  # b [G M_k]
 
 
@@ -276,7 +278,7 @@ class ModuleStack:
                 sign = position_major(signs[part])
                 blocks.append(SiteBlock(position_major(group.inducing[part]),
                                         roots[part].permute(1, 2, 0).contiguous(),
-                                        None if bool((sign == 1).all()) else sign,
+                                        None if bool((sign >= 0).all()) else sign,
                                         position_major(group.sites.shift[part])))
         traces = []
         for group in self.groups:
