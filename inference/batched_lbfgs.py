@@ -68,14 +68,20 @@ class MemberBlock:
         if self.members > 1 and any(p.shape[:1] != (self.members,) for p in self.parameters):
             raise ValueError(f"every parameter of a batched L-BFGS block of {self.members} "
                              "members needs that leading (member) dimension")
+        self.max_history = history
+        self.active = torch.ones(self.members, dtype=torch.bool, device=reference.device)
+        self._forget()
+
+    def _forget(self) -> None:
+        """Fresh memory for the current parameters: no curvature pair, unit step lengths."""
+        reference = self.parameters[0]
         self.size = sum(p.numel() for p in self.parameters) // self.members
-        self.history = min(history, max(4 * self.size, MIN_HISTORY))
+        self.history = min(self.max_history, max(4 * self.size, MIN_HISTORY))
         like = dict(dtype=reference.dtype, device=reference.device)
         self.s = torch.zeros(self.history, self.members, self.size, **like)
         self.y = torch.zeros_like(self.s)
         self.rho = torch.zeros(self.history, self.members, **like)  # 0: no pair stored
         self.step_length = torch.ones(self.members, **like)
-        self.active = torch.ones(self.members, dtype=torch.bool, device=reference.device)
         self.rejections = torch.zeros(self.members, dtype=torch.long, device=reference.device)
         self.value: torch.Tensor | None = None
         self.gradient: torch.Tensor | None = None
@@ -188,6 +194,16 @@ class MemberBlock:
         self.rejections.zero_()
         self.value = self.gradient = None
 
+    def hold(self, parameters: Sequence[torch.nn.Parameter]) -> None:
+        """Go on without ``parameters`` (they keep their values), forgetting the curvature pairs,
+        which spanned them; frozen members stay frozen. A block left with no parameter keeps
+        them all."""
+        held = {id(p) for p in parameters}
+        kept = [p for p in self.parameters if id(p) not in held]
+        if kept and len(kept) < len(self.parameters):
+            self.parameters = kept
+            self._forget()
+
     # State (checkpoints) ----------------------------------------------------------------------
     def state(self) -> dict[str, torch.Tensor]:
         """The curvature pairs s, y [K, memory, P], ρ [K, memory], step lengths [K] and the
@@ -196,9 +212,14 @@ class MemberBlock:
                 "active": self.active}
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore what :meth:`state` returned; the next step evaluates afresh."""
+        """Restore what :meth:`state` returned; the next step evaluates afresh. Pairs over other
+        parameters than this block's (a checkpoint taken after :meth:`hold`) are forgotten."""
+        self.active = state["active"]
+        if state["s"].shape[-1] != self.size:
+            self._forget()
+            return
         self.s, self.y, self.rho = state["s"], state["y"], state["rho"]
-        self.step_length, self.active = state["step_length"], state["active"]
+        self.step_length = state["step_length"]
         self.value = self.gradient = None
 
 
@@ -224,13 +245,14 @@ class BatchedLBFGS:
         """Which members (all blocks concatenated) are within ``tolerance`` of their minimum:
         the predicted decrease −∇fᵀd ≈ 2(f − f*) is at most ``tolerance``·max(1, |f|) (default
         ε^:data:`PINNED`: pinned to rounding), or rounding hides any further decrease
-        (2·:data:`RESTART` rejections in a row)."""
+        (2·:data:`RESTART` rejections in a row), or the member is frozen (judged so already:
+        a :meth:`hold` forgets the curvature pairs that showed it)."""
         flags = []
         for block in self.blocks:
             decrease = block.predicted_decrease()
             bound = torch.finfo(decrease.dtype).eps ** PINNED if tolerance is None else tolerance
             flags.append((decrease <= bound * block.value.abs().clamp_min(1.0))
-                         | (block.rejections >= 2 * RESTART))
+                         | (block.rejections >= 2 * RESTART) | ~block.active)
         return torch.cat(flags)
 
     def pinned(self) -> torch.Tensor:
@@ -243,6 +265,11 @@ class BatchedLBFGS:
         functions, evaluated more precisely."""
         for block, (_, objective) in zip(self.blocks, blocks, strict=True):
             block.refine(objective)
+
+    def hold(self, parameters: Sequence[torch.nn.Parameter]) -> None:
+        """Go on with ``parameters`` held where they are (:meth:`MemberBlock.hold`)."""
+        for block in self.blocks:
+            block.hold(parameters)
 
     def freeze(self, converged: torch.Tensor) -> None:
         """Stop the members marked in ``converged`` (all blocks' members concatenated): each

@@ -1,4 +1,4 @@
-"""What the trainer asks of a model beyond Pyro's ``model()`` and ``guide()``: three optional
+"""What the trainer asks of a model beyond Pyro's ``model()`` and ``guide()``: four optional
 hooks, each declared here as a :class:`typing.Protocol` (a model provides them by having the
 method or attribute; nothing is inherited).
 
@@ -11,6 +11,8 @@ method or attribute; nothing is inherited).
   every sparse-GP layer with a variational q(u), the objective being what the natural-gradient
   step on that layer's q(u) improves (None: the ELBO's own expected log-likelihood,
   :mod:`pyrogp_models.inference.natural_gradient`).
+- :class:`HeldParameters` — ``held_parameters()``: parameters (inducing inputs) that the
+  batched L-BFGS may hold where they are, late in a fit, to pin the others at their optimum.
 - :class:`NoisyObjective` — ``noisy_objective``: true when the loss is a Monte Carlo estimate,
   so that convergence discounts changes within twice its standard error.
 """
@@ -44,6 +46,16 @@ class NaturalGradientLayers(Protocol):
     def natural_gradient_objectives(self) -> list[tuple[SparseGPLayer,
                                                         Callable[[], torch.Tensor] | None]]:
         """(layer, objective or None) for every variational sparse-GP layer."""
+
+
+@runtime_checkable
+class HeldParameters(Protocol):
+    """A model of independent members some of whose parameters may be held fixed late in a
+    fit (:class:`~pyrogp_models.inference.trainer.TrainResult` ``held``)."""
+
+    def held_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters to hold (inducing inputs): where the objective is nearly flat in
+        them, the others still pin at their optimum given them."""
 
 
 @runtime_checkable

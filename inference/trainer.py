@@ -35,7 +35,9 @@ one by one: first on the change of their own objective over a window, then — o
 has passed that — on their objective evaluated precisely (``member_objectives(precise=True)``),
 until each is pinned at its optimum to rounding
 (:meth:`pyrogp_models.inference.batched_lbfgs.BatchedLBFGS.pinned`), so that a partition's module
-does not depend on which others shared its batch. ``time_budget`` stops after that many seconds.
+does not depend on which others shared its batch; members still unpinned after
+:data:`HOLD_AFTER` judgements of that phase are pinned with the model's ``held_parameters()``
+(inducing inputs) held where they are. ``time_budget`` stops after that many seconds.
 Checkpoints (safetensors + JSON, written atomically) hold the parameters, the optimiser state, the
 step, the loss history and the random state — never data (models register their data as
 non-persistent buffers) — so a fit resumes exactly where it stopped.
@@ -58,7 +60,7 @@ import torch
 from pyrogp_models.inference.batched_lbfgs import BatchedLBFGS
 from pyrogp_models.inference.mean_field_elbo import DeviceMeanFieldELBO
 from pyrogp_models.inference.natural_gradient import NaturalGradient
-from pyrogp_models.inference.protocols import IndependentMembers, NoisyObjective
+from pyrogp_models.inference.protocols import HeldParameters, IndependentMembers, NoisyObjective
 from pyrogp_models.inference.train_config import TrainConfig
 from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
@@ -76,10 +78,13 @@ class TrainResult:
     the last convergence window (for independent members: the largest member's; for a module
     whose ``noisy_objective`` is true, only the change beyond twice its standard error), and
     ``member_converged`` — for a model of independent members trained by the batched L-BFGS —
-    which members passed the convergence test (in the order of ``member_objectives()``)."""
+    which members passed the convergence test (in the order of ``member_objectives()``);
+    ``held`` whether the precise phase held the model's ``held_parameters()`` to pin the
+    others (:class:`_MemberConvergence`)."""
 
     losses: list[float] = field(default_factory=list)
     converged: bool = False
+    held: bool = False
     steps: int = 0
     seconds: float = 0.0
     change: float = math.nan
@@ -126,6 +131,9 @@ def _relative_change(losses: torch.Tensor, step: int, window: int, noisy: bool =
 STILL = 4
 #: Judgements in a row without a change after which a member counts as converged.
 STILL_WINDOWS = 3
+#: Judgements of the precise phase after which members not yet pinned go on with the model's
+#: ``held_parameters()`` (its inducing inputs) held where they are.
+HOLD_AFTER = 10
 
 
 class _MemberConvergence:
@@ -138,7 +146,13 @@ class _MemberConvergence:
     more: a predicted decrease below the same tolerance too (a member whose steps were all
     rejected has not changed, but it has not converged), or an objective that has not changed
     beyond rounding (:data:`STILL` ε, relative) for :data:`STILL_WINDOWS` judgements in a row
-    (its steps are accepted but change nothing)."""
+    (its steps are accepted but change nothing).
+
+    Members that :data:`HOLD_AFTER` judgements of the precise phase have not pinned go on with the
+    model's ``held_parameters()`` (:class:`~pyrogp_models.inference.protocols.HeldParameters`)
+    held where they are, and are pinned in the others: inducing inputs in several dimensions
+    can creep along directions that change the bound by ~10⁻⁵ nats per step for thousands of
+    steps, where the kernel and likelihood parameters given them pin in tens."""
 
     def __init__(self, optimizer: BatchedLBFGS, module, pin: bool = True):
         self.optimizer = optimizer
@@ -147,6 +161,8 @@ class _MemberConvergence:
         self.still: torch.Tensor | int = 0  # judgements in a row without a change
         self.previous: torch.Tensor | None = None
         self.refining = False
+        self.refinements = 0  # judgements of the precise phase
+        self.held = False
         self.finished = False
 
     def change(self) -> torch.Tensor:
@@ -163,6 +179,9 @@ class _MemberConvergence:
         pinned. Without ``tol`` only members that stopped moving are frozen."""
         if self.refining:
             converged = self.optimizer.pinned()
+            self.refinements += 1
+            if self.refinements == HOLD_AFTER and not bool(converged.all()):
+                self._hold()
         elif self.pin:
             converged = change <= (tol or 0.0)
         else:
@@ -180,6 +199,14 @@ class _MemberConvergence:
                 self.optimizer.refine(precise)
                 self.refining = True
         return converged
+
+    def _hold(self) -> None:
+        """Hold the model's ``held_parameters()``, if it has any, for the rest of the fit."""
+        held = (self.module.held_parameters() if isinstance(self.module, HeldParameters)
+                else [])
+        if held:
+            self.optimizer.hold(held)
+            self.held = True
 
 
 def parameter_scope(config: TrainConfig):
@@ -272,6 +299,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                     result.change = float(change.max())
                     if members is not None:
                         result.member_converged = members.judge(change, config.tol).tolist()
+                        result.held = members.held
                     if config.tol is not None and (members.finished if members is not None
                                                    else result.change <= config.tol):
                         result.converged = True

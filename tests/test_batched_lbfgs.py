@@ -74,10 +74,66 @@ def test_a_partition_ends_where_it_ends_whatever_shares_its_batch(data):
                         replace(spec, standardisation=whole.standardisation,
                                 inducing=[inducing[k] for k in members]), config)
         halves.update(zip([f"part{k:03d}" for k in members], fit.modules.values(), strict=True))
-    assert whole.result.converged
+    assert whole.result.converged and not whole.result.held  # every parameter pinned
     for name, module in whole.modules.items():
         other = halves[name]
         assert other.info["converged"]
         assert other.elbo == pytest.approx(module.elbo, rel=1e-9)
         for ours, theirs in zip(other.predict_y(X), module.predict_y(X), strict=True):
             np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=0, atol=1e-6)
+
+
+def test_a_held_parameter_stays_put_and_lets_the_others_pin():
+    """f_k(a, b) = (a_k − 2)² + c_k·10⁻⁶·Σb_k with c = (0, 1, 1): member 0 pins; the others
+    decrease without end in b (the predicted decrease stays ~10⁻⁶). Held, b keeps its value,
+    a pins at 2, and member 0, frozen before the hold, stays frozen and pinned."""
+    a = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    b = torch.nn.Parameter(torch.zeros(3, 4, dtype=torch.float64))
+    slope = torch.tensor([0.0, 1e-6, 1e-6], dtype=torch.float64)
+
+    def objective():
+        return (a - 2.0) ** 2 + slope * b.sum(-1)
+
+    optimizer = BatchedLBFGS([([a, b], objective)])
+    for _ in range(100):
+        optimizer.step()
+        optimizer.freeze(optimizer.pinned())
+    assert optimizer.pinned().tolist() == [True, False, False]
+    where = b.detach().clone()
+    optimizer.hold([b])
+    for _ in range(20):
+        optimizer.step()
+        optimizer.freeze(optimizer.pinned())
+    assert bool(optimizer.pinned().all())
+    assert torch.equal(b.detach(), where)
+    torch.testing.assert_close(a.detach(), torch.full_like(a, 2.0), rtol=0, atol=1e-7)
+
+
+def test_a_member_frozen_before_a_hold_still_counts_as_pinned():
+    """A hold forgets the curvature pairs, so a frozen member's predicted decrease is then its
+    gradient's norm; frozen, it was judged already and stays judged."""
+    theta, objective = rosenbrock_members(torch.ones(2, dtype=torch.float64))
+    other = torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))
+    optimizer = BatchedLBFGS([([theta, other], lambda: objective() + other.sum(-1))])
+    optimizer.step()
+    optimizer.freeze(torch.tensor([True, False]))
+    optimizer.hold([other])
+    assert optimizer.pinned().tolist() == [True, False]
+
+
+def test_a_checkpoint_taken_after_a_hold_restores_into_a_whole_block():
+    """The memory of a held block spans fewer parameters: restored into a block over all of
+    them, it is forgotten (and the frozen members stay frozen), never misapplied."""
+    theta, objective = rosenbrock_members(torch.ones(2, dtype=torch.float64))
+    other = torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))
+    held = BatchedLBFGS([([theta, other], lambda: objective() + other.square().sum(-1))])
+    for _ in range(5):
+        held.step()
+    held.hold([other])
+    held.freeze(torch.tensor([True, False]))
+    held.step()
+    whole = BatchedLBFGS([([theta, other], lambda: objective() + other.square().sum(-1))])
+    whole.load_state_dict(held.state_dict())
+    assert whole.blocks[0].active.tolist() == [False, True]
+    assert float(whole.blocks[0].rho.abs().sum()) == 0.0
+    whole.step()  # shapes agree

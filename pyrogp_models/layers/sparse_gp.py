@@ -108,6 +108,12 @@ class SparseGPLayer(PyroModule):
         """Whether q(v) is a parameter (not a buffer set by a collapsed optimum)."""
         return "q_mean" in self._pyro_params
 
+    def inducing_parameters(self) -> list[torch.nn.Parameter]:
+        """The unconstrained parameter of Z (empty when Z is a buffer)."""
+        if "inducing_unit" not in self._pyro_params:
+            return []
+        return [self.inducing_unit_unconstrained]
+
     def variational_parameters(self) -> list[torch.nn.Parameter]:
         """The unconstrained parameters of q(v) (empty when q is a buffer)."""
         if not self.learns_q:

@@ -232,6 +232,11 @@ class LocalGPs(PyroModule):
         :meth:`~pyrogp_models.models.local.svgp.BatchedSVGP.member_objectives`)."""
         return [block for group in self.groups for block in group.member_objectives(precise)]
 
+    def held_parameters(self) -> list[torch.nn.Parameter]:
+        """Every group's Z (:meth:`~pyrogp_models.models.local.svgp.BatchedSVGP.
+        held_parameters`)."""
+        return [p for group in self.groups for p in group.held_parameters()]
+
     # Results ----------------------------------------------------------------------------------
     @torch.no_grad()
     def finalise(self) -> None:

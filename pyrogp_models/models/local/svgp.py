@@ -240,6 +240,11 @@ class BatchedSVGP(OneLayer, PyroModule):
             return [(parameters, lambda: -self.objective(precise=precise).sum().reshape(1))]
         return [(parameters, lambda: -self.objective(precise=precise))]
 
+    def held_parameters(self) -> list[torch.nn.Parameter]:
+        """Z, which the trainer may hold late in a fit to pin the rest
+        (:class:`~pyrogp_models.inference.protocols.HeldParameters`)."""
+        return self.layer.inducing_parameters()
+
     def _data(self, X, y, mask):
         if X is not None:
             return X, y, torch.ones(X.shape[:-1], dtype=torch.bool, device=X.device) \
