@@ -27,7 +27,7 @@ from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.columns import Columns
-from pyrogp_models.data.inducing import init_inducing
+from pyrogp_models.data.inducing import default_num_inducing, init_inducing
 from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.kernels import Kernel, Leaf, Stationary, kernel_text, resolve_kernel
@@ -59,12 +59,14 @@ class RawData:
 class RecycleSpec:
     """How to build the meta-GP.
 
-    ``num_inducing``: M of the meta-GP. ``collapsed``: learn ψ_*, Z_* on the collapsed bound
-    L_E^* (q(v) at its optimum); the default ``None`` is the collapsed bound unless raw data with
-    a non-Gaussian likelihood are fitted too. ``kernel``: the global kernel, a name,
-    expression or kernel object (:func:`initial_global_kernel`; default: the kernel structure
-    most modules share); ``ard``: one lengthscale per dimension for a kernel given by name
-    (default: if any module has ARD).
+    ``num_inducing``: M of the meta-GP (default: half the modules' inducing inputs and raw
+    rows it summarises, at most 100 — a local fit's rule,
+    :func:`~pyrogp_models.data.inducing.default_num_inducing`). ``collapsed``: learn ψ_*, Z_*
+    on the collapsed bound L_E^* (q(v) at its optimum); the default ``None`` is the collapsed
+    bound unless raw data with a non-Gaussian likelihood are fitted too. ``kernel``: the global
+    kernel, a name, expression or kernel object (:func:`initial_global_kernel`; default: the
+    kernel structure most modules share); ``ard``: one lengthscale per dimension for a kernel
+    given by name (default: if any module has ARD).
     ``inducing_init``: ``"kmeans"`` or ``"grid"``.
     ``on_unbounded``: ``"raise"`` or ``"warn"`` when the bound is unbounded above;
     ``repair_sites`` clips the modules' site precisions first. ``likelihood`` /
@@ -72,7 +74,7 @@ class RecycleSpec:
     :func:`pyrogp_models.models.meta.meta_gp.choose_likelihood`).
     """
 
-    num_inducing: int = 35
+    num_inducing: int | None = None
     collapsed: bool | None = None
     kernel: str | torch.nn.Module | None = None
     ard: bool | None = None
@@ -127,7 +129,7 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
     model evaluations) and after training.
     """
     spec = spec or RecycleSpec()
-    num_inducing, collapsed = spec.num_inducing, uses_collapsed_bound(spec, raw_data, modules)
+    collapsed = uses_collapsed_bound(spec, raw_data, modules)
     config = config or (COLLAPSED_CONFIG if collapsed else UNCOLLAPSED_CONFIG)
     with parameter_scope(config):  # nothing is left in Pyro's global parameter store
         stack = (ModuleStack.from_modules(modules, dtype=spec.dtype, device=spec.device)
@@ -141,6 +143,7 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
         points = torch.cat([*(g.inducing.reshape(-1, g.inducing.shape[-1]) for g in
                               (stack.groups if stack is not None else ())),
                             *([raw_X] if raw_X is not None else [])])
+        num_inducing = global_inducing(spec, points)
         inducing = initial_inducing(points, num_inducing, spec.inducing_init, config.seed)
         kernel = initial_global_kernel(stack, spec, inducing.shape[-1], standardisation,
                                        likelihood is None or likelihood.standardise_targets)
@@ -192,6 +195,15 @@ def _raw_data_terms(stack: ModuleStack | None, raw_data: RawData | None, spec: R
     targets = standardisation.transform_y(y) if standardise_y else y
     return likelihood, as_tensor(standardisation.transform_x(X)), as_tensor(targets), \
         standardisation
+
+
+def global_inducing(spec: RecycleSpec, points: torch.Tensor) -> int:
+    """M of the meta-GP: ``spec.num_inducing``, or by default
+    :func:`~pyrogp_models.data.inducing.default_num_inducing` of the P points [P, D] it
+    summarises (the modules' inducing inputs and any raw inputs)."""
+    if spec.num_inducing is not None:
+        return spec.num_inducing
+    return int(default_num_inducing(points.shape[0]))
 
 
 def initial_inducing(points: torch.Tensor, num_inducing: int, method: str = "kmeans",
@@ -291,8 +303,8 @@ class RecycledMultiOutput:
 def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
                         spec: RecycleSpec | None = None, config: TrainConfig | None = None
                         ) -> RecycledMultiOutput:
-    """Fit the LMC meta-GP with ``num_latent`` latent functions and ``spec.num_inducing``
-    inducing inputs each, one output per module.
+    """Fit the LMC meta-GP with ``num_latent`` latent functions and M inducing inputs each
+    (:func:`global_inducing`), one output per module.
 
     Every latent starts with the k-means Z_* and the modules' median lengthscale; the mixing
     weights start from the leading singular vectors of the modules' posterior means at Z_* (see
@@ -306,7 +318,8 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
         if spec.repair_sites:
             stack, _ = clip_site_precisions(stack)
         points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
-        inducing = initial_inducing(points, spec.num_inducing, spec.inducing_init, config.seed)
+        inducing = initial_inducing(points, global_inducing(spec, points), spec.inducing_init,
+                                    config.seed)
         kernel = initial_global_kernel(stack, spec, inducing.shape[-1], stack.standardisation,
                                        True)
         if not isinstance(kernel, Stationary):

@@ -97,7 +97,7 @@ MULTITASK_SHALLOW_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, tol
 #: Multitask deep GPs: Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of
 #: 100 steps changes by < 1e-5 (relative) beyond twice its standard error.
 MULTITASK_DEEP_CONFIG = TrainConfig(lr=0.01, steps=20000, tol=1e-5, window=100)
-#: The most inducing inputs a local fit's partition or a multitask model's process takes by
-#: default: the help texts' copy, without torch at startup, of
+#: The most inducing inputs a local fit's partition, a meta-GP or a multitask model's process
+#: takes by default: the help texts' copy, without torch at startup, of
 #: :data:`pyrogp_models.data.inducing.MAX_DEFAULT_INDUCING`.
 MAX_DEFAULT_INDUCING = 100

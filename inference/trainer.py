@@ -80,7 +80,7 @@ class TrainResult:
     ``member_converged`` — for a model of independent members trained by the batched L-BFGS —
     which members passed the convergence test (in the order of ``member_objectives()``);
     ``held`` whether the precise phase held the model's ``held_parameters()`` to pin the
-    others (:class:`_MemberConvergence`)."""
+    others (the module docstring)."""
 
     losses: list[float] = field(default_factory=list)
     converged: bool = False

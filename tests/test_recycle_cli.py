@@ -112,6 +112,24 @@ def test_fit_recycle_evaluate_and_recycle_again(capsys, folder, data_csv, test_c
                                                held_out, "--json")), baselines)
 
 
+def test_without_inducing_the_meta_gp_takes_half_of_what_it_summarises(capsys, folder, test_csv,
+                                                                       modules_dir):
+    """Three modules of 6 inducing inputs: M = ⌈18/2⌉ = 9, and the meta-GP still predicts like
+    the exact GP; two of them with 40 raw rows: M = ⌈(12 + 40)/2⌉ = 26."""
+    out = run_ok(capsys, "recycle", modules_dir, "--steps", 30, "--out", folder / "half")
+    assert "M = 9 " in out
+    assert load_module(folder / "half.safetensors").num_inducing == 9
+    held_out, baselines = test_csv
+    assert_near_the_exact_gp(json.loads(run_ok(capsys, "evaluate", folder / "half.safetensors",
+                                               "--data", held_out, "--json")), baselines)
+    raw = write_csv(folder / "raw_rows.csv", {"x": np.linspace(0.0, 10.0, 40),
+                                              "y": np.sin(np.linspace(0.0, 10.0, 40))})
+    out = run_ok(capsys, "recycle", modules_dir / "part000.safetensors",
+                 modules_dir / "part002.safetensors", "--data", raw, "--steps", 10,
+                 "--out", folder / "half_raw")
+    assert "M = 26 " in out
+
+
 def test_module_files_and_raw_data(capsys, folder, data_csv, modules_dir):
     raw = write_csv(folder / "raw.csv", {"x": np.linspace(0.0, 10.0, 40),
                                          "y": np.sin(np.linspace(0.0, 10.0, 40))})

@@ -15,7 +15,11 @@ from pyrogp_models.inference.commands.arguments import (
     add_kernel,
     add_seed,
 )
-from pyrogp_models.inference.train_config import COLLAPSED_CONFIG, UNCOLLAPSED_CONFIG
+from pyrogp_models.inference.train_config import (
+    COLLAPSED_CONFIG,
+    MAX_DEFAULT_INDUCING,
+    UNCOLLAPSED_CONFIG,
+)
 
 NAME = "recycle"
 HELP = "fit a meta-GP to module files and folders (and new raw data) and save it as a module"
@@ -26,8 +30,10 @@ ON_UNBOUNDED = ("raise", "warn", "repair")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", metavar="DIR_OR_FILE", type=Path, nargs="+",
                         help="module files and module folders to recycle")
-    parser.add_argument("--inducing", type=int, required=True, metavar="M",
-                        help="inducing inputs of the meta-GP")
+    parser.add_argument("--inducing", type=int, metavar="M",
+                        help="inducing inputs of the meta-GP (default: half the modules' "
+                             "inducing inputs and raw rows, at most "
+                             f"{MAX_DEFAULT_INDUCING})")
     bound = parser.add_mutually_exclusive_group()
     bound.add_argument("--collapsed", action="store_true",
                        help="learn the kernel and inducing inputs on the collapsed bound (q at "
@@ -80,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from pyrogp_models.models.meta.boundedness import UnboundedBoundWarning, describe_unbounded
     from pyrogp_models.modules.files import MODULE_FILE, SUFFIX, save_module
 
-    if args.inducing < 1:
+    if args.inducing is not None and args.inducing < 1:
         raise DataError(f"--inducing must be at least 1, got {args.inducing}")
     if args.target is not None and args.data is None:
         raise DataError("--target applies to the raw data of --data")
@@ -130,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                f"(N = {sum(m.num_data for m in modules.values())})")
     if raw is not None:
         sources += f" and {len(raw.y)} raw points"
-    print(f"recycled {sources} into a meta-GP with M = {args.inducing} "
+    print(f"recycled {sources} into a meta-GP with M = {meta.num_inducing} "
           f"(kernel {kernel_text(module.data_unit_kernel(), 3)}, "
           f"{'collapsed' if collapsed else 'uncollapsed'} bound)")
     if clipped:

@@ -12,7 +12,7 @@ from pyrogp_models.errors import DataError
 
 MAX_GRID_POINTS = 2**16
 #: The most inducing inputs a GP takes by default: a local fit's partition
-#: (:func:`default_num_inducing`) and a multitask model's process.
+#: (:func:`default_num_inducing`), a meta-GP and a multitask model's process.
 MAX_DEFAULT_INDUCING = 100
 
 
@@ -20,7 +20,8 @@ def default_num_inducing(rows):
     """A partition's default M = min(⌈N/2⌉, :data:`MAX_DEFAULT_INDUCING`) for its ``rows`` N (an
     int or an array of them): at least two points per inducing input on average, so that a
     module's Z summarises its partition's inputs rather than listing them (M = N would store
-    Z = X), and never more than the cap."""
+    Z = X), and never more than the cap. A meta-GP's default M takes the same rule, N being the
+    modules' inducing inputs and raw rows it summarises."""
     return np.minimum((np.asarray(rows) + 1) // 2, MAX_DEFAULT_INDUCING)
 
 

@@ -395,6 +395,11 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
             return [(params, lambda: -self.collapsed_bound().reshape(1))]
         return [(params, lambda: -self.bound().reshape(1))]
 
+    def held_parameters(self) -> list[torch.nn.Parameter]:
+        """Z_*, which the trainer may hold late in a fit to pin ψ_* (and q(v))
+        (:class:`~pyrogp_models.inference.protocols.HeldParameters`)."""
+        return self.layer.inducing_parameters()
+
     @torch.no_grad()
     def output_likelihood(self) -> Likelihood:
         """The likelihood the exported module predicts with (:func:`choose_likelihood`)."""
