@@ -26,11 +26,11 @@ joint) ELBO:
 
 The initial lengthscale (standardised units) is min(1, range/(2·MIN_WIDTH·J)) along the cut
 dimension, so that every region starts at least MIN_WIDTH = 2 lengthscales wide (narrower regions
-are not local: the window at the centre of a region of width W is 2Φ(W/ℓ) − 1). With ARD the other
-inputs start where a local fit of all the data with the J·m inducing inputs would
-(:mod:`pyrogp_models.models.local.initialisation`): as short a lengthscale in each of several
-inputs makes the data look like noise (Boston housing, 13 inputs, 4 × 25: the fit ended at
-σ_f² ≈ 10⁻¹¹, the constant predictor).
+are not local: the window at the centre of a region of width W is 2Φ(W/ℓ) − 1). With more than
+one input the kernel is ARD by default and the other inputs start where a local fit of all the
+data with the J·m inducing inputs would (:mod:`pyrogp_models.models.local.initialisation`): as
+short a lengthscale in each of several inputs makes the data look like noise (Boston housing,
+13 inputs, 4 × 25: the fit ended at σ_f² ≈ 10⁻¹¹, the constant predictor).
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ class DistributedKernelSpec:
     ``num_regions`` J and ``num_inducing`` m per region; the regions cut input ``dim`` (default:
     the one with the largest range) at data quantiles, or are the given ``regions``
     (standardised units, J of them). ``lengthscale`` is the initial ℓ in standardised units
-    (default: the module docstring's heuristic, or 1 with given regions). ``likelihood_options``
+    (default: the module docstring's heuristic, or 1 with given regions); ``ard`` one per input
+    (default: with more than one input, :func:`uses_ard`). ``likelihood_options``
     are options or initial parameter values (e.g. the Gaussian ``variance``, standardised).
     ``method`` is ``"solve"`` or ``"svi"`` (default: solve for a Gaussian likelihood with
     mean-field q and full batches, else svi). ``columns`` (the data's feature and target names,
@@ -93,7 +94,7 @@ class DistributedKernelSpec:
     variational: str = "meanfield"
     likelihood: str = "gaussian"
     likelihood_options: dict = field(default_factory=dict)
-    ard: bool = False
+    ard: bool | None = None
     method: str | None = None
     batch_size: int | None = None
     halo_eps: float = DEFAULT_EPS
@@ -211,11 +212,11 @@ def build_model(X: torch.Tensor, y: torch.Tensor, spec: DistributedKernelSpec
     """The unfitted model on standardised data, (X, y) bound in the order of the cut input (when
     one input is cut): J regions cut at quantiles along one input (or the spec's regions), m
     inducing inputs on a grid over each region's points."""
-    dim, lengthscale = None, spec.lengthscale
+    dim, lengthscale, ard = None, spec.lengthscale, uses_ard(spec, X.shape[1])
     if spec.regions is None:
         dim = cut_dimension(X, spec)
         if lengthscale is None:
-            lengthscale = initial_lengthscale(X, dim, spec)
+            lengthscale = initial_lengthscale(X, dim, spec, ard)
     elif lengthscale is None:
         lengthscale = 1.0
     cut = [dim] if spec.regions is None else spec.regions.active_dims
@@ -224,7 +225,7 @@ def build_model(X: torch.Tensor, y: torch.Tensor, spec: DistributedKernelSpec
         X, y = X[order], y[order]
     model = build_distributed_kernel_gp(
         X, spec.num_regions, spec.num_inducing, y, lengthscale=lengthscale,
-        likelihood=spec.likelihood, variational=spec.variational, ard=spec.ard,
+        likelihood=spec.likelihood, variational=spec.variational, ard=ard,
         regions=spec.regions, dim=dim, learn_inducing=spec.learn_inducing,
         learn_cuts=spec.learn_cuts,
         min_width=MIN_WIDTH, jitter=spec.jitter, halo_eps=spec.halo_eps,
@@ -246,7 +247,15 @@ def cut_dimension(X: torch.Tensor, spec: DistributedKernelSpec) -> int:
     return dim
 
 
-def initial_lengthscale(X: torch.Tensor, dim: int, spec: DistributedKernelSpec
+def uses_ard(spec: DistributedKernelSpec, input_dim: int) -> bool:
+    """As asked, else ARD with more than one input: the cut input needs a lengthscale short
+    enough for its regions to be local, which one shared lengthscale would impose on every
+    input (Boston housing, 13 inputs cut along one of its ordinary ones: σ_f² ≈ 10⁻¹¹, the
+    constant predictor)."""
+    return input_dim > 1 if spec.ard is None else spec.ard
+
+
+def initial_lengthscale(X: torch.Tensor, dim: int, spec: DistributedKernelSpec, ard: bool
                        ) -> float | torch.Tensor:
     """The initial ℓ (standardised units, module docstring): along the cut input ``dim`` of
     X [N, D], min(1, range/(2·MIN_WIDTH·J)) (1 for one region); with ARD every other input
@@ -255,7 +264,7 @@ def initial_lengthscale(X: torch.Tensor, dim: int, spec: DistributedKernelSpec
     x = X[:, dim]
     along = (1.0 if spec.num_regions == 1 else
              min(1.0, float(x.max() - x.min()) / (2 * MIN_WIDTH * spec.num_regions)))
-    if not spec.ard:
+    if not ard:
         return along
     rule = local_initial_lengthscale(X.unsqueeze(0), torch.ones_like(x, dtype=torch.bool)[None],
                                      spec.num_regions * spec.num_inducing, ard=True)[0]

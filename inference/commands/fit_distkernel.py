@@ -50,7 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--likelihood", default="gaussian", choices=SINGLE_LATENT_LIKELIHOODS,
                         help="observation model (default: gaussian)")
     parser.add_argument("--link", help="bernoulli: logit|probit")
-    parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
+    parser.add_argument("--ard", action=argparse.BooleanOptionalAction,
+                        help="one lengthscale per input (default: with more than one input, "
+                             "whose cut one needs a lengthscale short enough for its regions "
+                             "to be local)")
     parser.add_argument("--steps", type=int, metavar="N",
                         help="maximum optimiser steps; the fit stops earlier once converged "
                              f"(default: {DISTRIBUTED_KERNEL_COLLAPSED_CONFIG.steps} L-BFGS steps "
