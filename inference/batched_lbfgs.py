@@ -237,6 +237,12 @@ class BatchedLBFGS:
         sum over members of the objective at the points evaluated (a scalar)."""
         return sum(block.step().sum() for block in self.blocks)
 
+    def values(self) -> torch.Tensor:
+        """f of every member (all blocks concatenated) at the current parameters, without
+        gradient."""
+        with torch.no_grad():
+            return torch.cat([block.objective().detach().reshape(-1) for block in self.blocks])
+
     def member_values(self) -> list[torch.Tensor]:
         """f [K] of every block at the current parameters (after at least one step)."""
         return [block.value for block in self.blocks]

@@ -265,9 +265,10 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     members = (_MemberConvergence(optimizer, module, config.pin)
                if isinstance(optimizer, BatchedLBFGS) else None)
     noisy = isinstance(module, NoisyObjective) and bool(module.noisy_objective)
+    ladder = _start_needs_ladder(optimizer)
     step, began = start, time.perf_counter()
     try:
-        with (deferred_checks(), pyro.validation_enabled(False),
+        with (deferred_checks(climb_ladder=ladder), pyro.validation_enabled(False),
               parameter_scope(config)):
             while step < config.steps:
                 try:
@@ -321,6 +322,27 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     if config.tol is not None and not result.converged and step > start:
         _warn_not_converged(result, config)
     return result
+
+
+def _start_needs_ladder(optimizer) -> bool:
+    """Whether the loop climbs the jitter ladder on the device in every dtype
+    (:func:`~pyrogp_models.gaussian.linalg.deferred_checks`): some member's objective at the
+    start is finite only with more jitter than the first rung, which the checked factorisations
+    find (and every evaluation after the fit). A meta-GP's K_** at its modules' median
+    hyperparameters can be such a start (Mauna Loa CO2 in 8 blocks with a composite kernel: the
+    fit stopped with a NaN loss at step 1). The batched L-BFGS only, which rejects non-finite
+    trial points, so that only a start can be non-finite; one host read, before the first step."""
+    if not isinstance(optimizer, BatchedLBFGS):
+        return False
+    with deferred_checks():
+        deferred = torch.isfinite(optimizer.values())
+    if bool(deferred.all()):
+        return False
+    try:
+        checked = torch.isfinite(optimizer.values())
+    except CholeskyError:  # no rung helps: the first convergence check names the failure
+        return False
+    return bool((checked & ~deferred).any())
 
 
 #: The loss torch's L-BFGS line search is given at a trial point whose loss is not finite: a

@@ -118,6 +118,19 @@ def test_kinds_agree_with_scikit_learn():
     np.testing.assert_allclose(ours(t(x1), t(z1)).detach().numpy(), theirs(x1, z1), rtol=1e-10)
 
 
+@pytest.mark.parametrize("alpha", [1e6, 1e12, 1e15])
+def test_a_rational_quadratic_of_large_alpha_is_the_rbf_it_tends_to(alpha):
+    """σ²(1 + r²/2α)^(−α) → σ² exp(−r²/2) as α → ∞; fits that prefer the RBF drive α to
+    10¹¹–10¹³, where the power of a rounded 1 + r²/2α was off by 10⁻⁴ (relative) and its Gram
+    matrices were not positive semi-definite."""
+    rq = RationalQuadratic(2, lengthscale=0.8, variance=1.7, alpha=alpha, dtype=torch.float64)
+    rbf = KINDS["rbf"](2, lengthscale=0.8, variance=1.7, dtype=torch.float64)
+    rbf_limit = rbf(t(X), t(Z)).detach().numpy()
+    half_r2 = -np.log(rbf_limit / 1.7)  # the RQ's relative distance from it: ≈ (r²/2)²/(2α)
+    np.testing.assert_allclose(rq(t(X), t(Z)).detach().numpy(), rbf_limit,
+                               rtol=1e-12 + half_r2.max() ** 2 / alpha, atol=1e-14)
+
+
 def test_kinds_agree_with_pyro_contrib_gp():
     from pyro.contrib.gp import kernels as pk
 

@@ -1,7 +1,7 @@
 """The jitter ladder of ``gaussian/linalg.py``: relative jitter, a rung per failed batch member
 only, a clear error past the last rung, NaN instead of a host check when deferred (float64) or
-the same rungs climbed on the device (float32); and the inverse Cholesky factor against a dense
-numpy inverse."""
+the same rungs climbed on the device (float32, or float64 when asked); and the inverse Cholesky
+factor against a dense numpy inverse."""
 
 import numpy as np
 import pytest
@@ -103,6 +103,20 @@ def test_deferred_float32_factors_climb_the_ladder_on_the_device_as_the_checked_
     assert torch.isnan(factor[-1]).all()
     factor[:-1].diagonal(dim1=-2, dim2=-1).log().sum().backward()
     assert torch.isfinite(batch.grad[:-1]).all()
+
+
+def test_deferred_float64_factors_climb_the_ladder_when_asked():
+    """``deferred_checks(climb_ladder=True)`` (a fit whose start needs it): float64 members
+    at their own rungs, the same factors as the checked path, NaN past the last rung."""
+    needs = {0.1: 1e-6, -5e-6: 1e-5, -5e-4: 1e-3}
+    members = [with_smallest_eigenvalue(value, seed=k) for k, value in enumerate(needs)]
+    batch = torch.stack([*members, with_smallest_eigenvalue(-0.05)])
+    with deferred_checks(climb_ladder=True):
+        factor = cholesky(batch)
+    for k, rung in enumerate(needs.values()):
+        np.testing.assert_allclose(factor[k].numpy(), reference_factor(batch[k], rung),
+                                   rtol=1e-10, atol=1e-12)
+    assert torch.isnan(factor[-1]).all()
 
 
 def test_inverse_cholesky_is_a_lower_factor_of_the_inverse():

@@ -11,7 +11,8 @@ is NaN, the loss turns NaN and the caller finds it when it next reads the loss (
 per convergence window). In float32, whose rounding breaks factorisations that float64 takes at
 the first rung, the deferred path climbs the ladder on the device instead: every rung is tried
 without gradient, and each member is factorised once more at its first rung that succeeds — the
-same factor the checked path finds.
+same factor the checked path finds. A fit whose start needs a higher rung in float64 asks for
+that too (``deferred_checks(climb_ladder=True)``).
 """
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ DEFAULT_JITTER = JITTER_LADDER[0]
 #: Dtypes whose deferred factorisations climb the jitter ladder on the device.
 LADDER_ON_DEVICE = (torch.float32,)
 
-_DEFERRED = contextvars.ContextVar("pyrogp_deferred_checks", default=False)
+#: None outside :func:`deferred_checks`; inside, whether every dtype climbs the ladder on the
+#: device.
+_DEFERRED = contextvars.ContextVar("pyrogp_deferred_checks", default=None)
 
 
 @contextlib.contextmanager
-def deferred_checks() -> Iterator[None]:
+def deferred_checks(climb_ladder: bool = False) -> Iterator[None]:
     """Within this context factorisations never synchronise with the device: a failed Cholesky
     factor is NaN instead of a :class:`CholeskyError` (the jitter ladder is climbed on the device
-    in the dtypes of :data:`LADDER_ON_DEVICE`, not at all in the others)."""
-    token = _DEFERRED.set(True)
+    in the dtypes of :data:`LADDER_ON_DEVICE`, or in every dtype with ``climb_ladder``, not at all
+    otherwise)."""
+    token = _DEFERRED.set(climb_ladder)
     try:
         yield
     finally:
@@ -48,7 +52,11 @@ def deferred_checks() -> Iterator[None]:
 
 def checks_deferred() -> bool:
     """Whether the caller runs inside :func:`deferred_checks`."""
-    return _DEFERRED.get()
+    return _DEFERRED.get() is not None
+
+
+def _ladder_on_device(dtype: torch.dtype) -> bool:
+    return dtype in LADDER_ON_DEVICE or bool(_DEFERRED.get())
 
 
 def add_jitter(matrix: torch.Tensor, relative_jitter: float | torch.Tensor) -> torch.Tensor:
@@ -66,11 +74,11 @@ def cholesky(matrix: torch.Tensor, relative_jitter: float = DEFAULT_JITTER,
     Raises :class:`CholeskyError` naming ``what`` if some member is still not positive definite
     after the last rung of :data:`JITTER_LADDER`. ``check=False`` (the default inside
     :func:`deferred_checks`) skips the host-synchronising failure test: failed members are NaN
-    (in float32 only those that fail at every rung).
+    (where the ladder is climbed on the device, only those that fail at every rung).
     """
     if check is None:
         check = not checks_deferred()
-    if not check and matrix.dtype in LADDER_ON_DEVICE:
+    if not check and _ladder_on_device(matrix.dtype):
         return _cholesky_at_first_good_rung(matrix, relative_jitter)
     factor, info = torch.linalg.cholesky_ex(add_jitter(matrix, relative_jitter))
     if not check:
