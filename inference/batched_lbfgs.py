@@ -237,9 +237,9 @@ class BatchedLBFGS:
         sum over members of the objective at the points evaluated (a scalar)."""
         return sum(block.step().sum() for block in self.blocks)
 
-    def values(self) -> torch.Tensor:
-        """f of every member (all blocks concatenated) at the current parameters, without
-        gradient."""
+    def objective_values(self) -> torch.Tensor:
+        """f of every member (all blocks concatenated), evaluated afresh at the current
+        parameters without gradient (:meth:`member_values` returns the last step's)."""
         with torch.no_grad():
             return torch.cat([block.objective().detach().reshape(-1) for block in self.blocks])
 

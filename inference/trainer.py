@@ -335,11 +335,11 @@ def _start_needs_ladder(optimizer) -> bool:
     if not isinstance(optimizer, BatchedLBFGS):
         return False
     with deferred_checks():
-        deferred = torch.isfinite(optimizer.values())
+        deferred = torch.isfinite(optimizer.objective_values())
     if bool(deferred.all()):
         return False
     try:
-        checked = torch.isfinite(optimizer.values())
+        checked = torch.isfinite(optimizer.objective_values())
     except CholeskyError:  # no rung helps: the first convergence check names the failure
         return False
     return bool((checked & ~deferred).any())

@@ -1,5 +1,6 @@
-"""Plain helpers shared by several test modules: CSV data files, in-process ``pyrogp`` runs and
-quick benchmark runs. Import them as ``from helpers import ...`` (``tests`` is on the path)."""
+"""Plain helpers shared by several test modules: CSV data files, in-process ``pyrogp`` runs,
+quick benchmark runs and matrices with a chosen smallest eigenvalue. Import them as
+``from helpers import ...`` (``tests`` is on the path)."""
 
 import json
 import subprocess
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 from pyrogp_models.inference.cli import main
 from safetensors.torch import load as load_safetensors
 
@@ -106,3 +108,16 @@ def resigned(source: Path, target: Path, edit) -> Path:
     edit(record, tensors)
     target.write_bytes(signed_bytes(record, tensors))
     return target
+
+
+def with_smallest_eigenvalue(relative: float, size: int = 5, scale: float = 1.0, seed: int = 0
+                             ) -> torch.Tensor:
+    """A symmetric float64 matrix whose smallest eigenvalue is ``relative`` × its mean diagonal
+    (a negative ``relative`` needs that much relative jitter to factorise)."""
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(rng.normal(size=(size, size)))
+    eigenvalues = np.concatenate([[0.0], rng.uniform(0.5, 2.0, size - 1)])
+    # the mean diagonal is the mean eigenvalue: λ₀ = r (λ₀ + Σ others) / n
+    eigenvalues[0] = relative * eigenvalues[1:].sum() / (size - relative)
+    matrix = scale * (basis * eigenvalues) @ basis.T
+    return torch.as_tensor((matrix + matrix.T) / 2)

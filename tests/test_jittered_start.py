@@ -10,15 +10,8 @@ import torch
 from pyro.nn import PyroModule
 from pyrogp_models.inference.trainer import TrainConfig, train
 
+from helpers import with_smallest_eigenvalue
 from pyrogp_models.gaussian.linalg import cholesky, logdet_from_cholesky
-
-
-def indefinite(relative: float, size: int = 4) -> torch.Tensor:
-    """A symmetric matrix whose smallest eigenvalue is ``relative`` × its mean diagonal."""
-    basis, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(size, size)))
-    eigenvalues = np.linspace(0.5, 2.0, size)
-    eigenvalues[0] = relative * eigenvalues[1:].sum() / (size - relative)
-    return torch.as_tensor((basis * eigenvalues) @ basis.T)
 
 
 class LogdetMembers(PyroModule):
@@ -29,7 +22,8 @@ class LogdetMembers(PyroModule):
     def __init__(self):
         super().__init__()
         self.theta = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
-        self.register_buffer("matrices", torch.stack([indefinite(0.2), indefinite(-5e-6)]))
+        self.register_buffer("matrices", torch.stack([with_smallest_eigenvalue(0.2, 4),
+                                                     with_smallest_eigenvalue(-5e-6, 4)]))
 
     def objective(self) -> torch.Tensor:
         eye = torch.eye(4, dtype=torch.float64)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import with_smallest_eigenvalue
 from pyrogp_models.errors import CholeskyError
 from pyrogp_models.gaussian.linalg import (
     JITTER_LADDER,
@@ -15,17 +16,6 @@ from pyrogp_models.gaussian.linalg import (
     inverse_cholesky,
     logdet_from_cholesky,
 )
-
-
-def with_smallest_eigenvalue(relative: float, size: int = 5, scale: float = 1.0, seed: int = 0):
-    """A symmetric matrix whose smallest eigenvalue is ``relative`` × its mean diagonal."""
-    rng = np.random.default_rng(seed)
-    basis, _ = np.linalg.qr(rng.normal(size=(size, size)))
-    eigenvalues = np.concatenate([[0.0], rng.uniform(0.5, 2.0, size - 1)])
-    # the mean diagonal is the mean eigenvalue: λ₀ = r (λ₀ + Σ others) / n
-    eigenvalues[0] = relative * eigenvalues[1:].sum() / (size - relative)
-    matrix = scale * (basis * eigenvalues) @ basis.T
-    return torch.as_tensor((matrix + matrix.T) / 2)
 
 
 def reference_factor(matrix: torch.Tensor, relative_jitter: float) -> np.ndarray:
