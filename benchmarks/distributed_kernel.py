@@ -6,9 +6,10 @@
    regions, so the cost is O(n m²) and flat in J; the same objective with every (point, region)
    pair kept (no halo) costs O(n J m²) and is timed for the smaller J where it fits in memory.
 2. Defaults on the command line. A series whose detail grows along x (a chirp), n = 5·10⁴ noisy
-   training points and 10⁴ test points in CSV files: ``pyrogp fit-distkernel --regions J
-   --inducing-per-region m`` against ``pyrogp fit-local --partitions 1 --inducing J·m`` (one
-   SVGP with the same total M on the collapsed bound), both with every training default, one
+   training points and 10⁴ test points in CSV files: ``pyrogp fit-distkernel`` with its default
+   layout (J regions × m, :func:`~pyrogp_models.inference.distributed_kernel_fit.default_layout`:
+   16 × 16 here) against ``pyrogp fit-local --partitions 1 --inducing J·m`` (one SVGP with the
+   same total M on the collapsed bound), both with every training default, one
    torch thread each (the command line's default), run side by side as two processes so that
    the machine's load hits both alike; each one's wall and CPU seconds, then test NLPD (noise
    included) and RMSE from ``pyrogp evaluate``. The load average is sampled during the run.
@@ -53,6 +54,7 @@ from _common import (  # noqa: E402
 )
 from pyrogp_models.inference.distributed_kernel_fit import (  # noqa: E402
     DistributedKernelSpec,
+    default_layout,
     fit_distributed_kernel,
 )
 from pyrogp_models.inference.fit_result import Fit  # noqa: E402
@@ -251,16 +253,16 @@ def evaluate_file(model: Path, test: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def defaults_on_the_command_line(n: int, n_test: int, noise: float, J: int, m: int) -> dict:
+def defaults_on_the_command_line(n: int, n_test: int, noise: float) -> dict:
     """Part 2 (module docstring): both fits with their defaults, side by side."""
+    J, m = default_layout(n)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         train, test = write_chirp_csv(folder, n, n_test, noise)
-        names = {"distributed": f"fit-distkernel --regions {J} --inducing-per-region {m}",
+        names = {"distributed": f"fit-distkernel (defaults: {J} regions × {m})",
                  "svgp": f"fit-local --partitions 1 --inducing {J * m}"}
         commands = {
-            "distributed": pyrogp_command("fit-distkernel", train, "--target", "y", "--regions",
-                                          J, "--inducing-per-region", m, "--out",
+            "distributed": pyrogp_command("fit-distkernel", train, "--target", "y", "--out",
                                           folder / "dk.safetensors"),
             "svgp": pyrogp_command("fit-local", train, "--target", "y", "--partitions", 1,
                                    "--inducing", J * m, "--out", folder / "svgp")}
@@ -393,9 +395,8 @@ def main(argv=None) -> dict:
 
 def defaults_part(args) -> dict:
     """Part 2 at the quick or full sizes."""
-    n_cli, J, m_cli = (4000, 8, 8) if args.quick else (50000, 16, 16)
-    return defaults_on_the_command_line(n_cli, 10000 if not args.quick else 2000, args.noise, J,
-                                        m_cli)
+    n_cli = 4000 if args.quick else 50000
+    return defaults_on_the_command_line(n_cli, 10000 if not args.quick else 2000, args.noise)
 
 
 def defaults_alone(args) -> dict:

@@ -35,20 +35,24 @@ short a lengthscale in each of several inputs makes the data look like noise (Bo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from pyrogp_models.inference.fit_result import Fit
 from pyrogp_models.inference.train_config import (
+    DEFAULT_REGION_ROWS,
     DISTRIBUTED_KERNEL_COLLAPSED_CONFIG,
     DISTRIBUTED_KERNEL_SVI_CONFIG,
+    MIN_DEFAULT_INDUCING_PER_REGION,
     TrainConfig,
 )
 from pyrogp_models.inference.trainer import TrainResult, train
 
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.columns import Columns
+from pyrogp_models.data.inducing import default_num_inducing
 from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.likelihoods import LIKELIHOODS
@@ -72,12 +76,27 @@ METHODS = ("solve", "svi")
 MIN_WIDTH = 2.0
 
 
+def default_layout(rows: int, regions: int | None = None) -> tuple[int, int]:
+    """The default (J, m) for N = ``rows`` (J as given if ``regions``): J = ⌈N /
+    DEFAULT_REGION_ROWS⌉ regions and m = max(MIN_DEFAULT_INDUCING_PER_REGION, ⌈M_local / J⌉)
+    inducing inputs per region, at most ⌈N / 2J⌉, where M_local = min(⌈N/2⌉, 100) is a local
+    fit's default (:func:`~pyrogp_models.data.inducing.default_num_inducing`). Short data get one
+    region with a local fit's M (distributing the kernel pays on long series); long series one
+    region per 3200 rows with 16 inducing inputs each (50 000 rows: 16 × 16), so that the total M
+    grows with N at a cost per step of O(N m²)."""
+    regions = regions or max(1, math.ceil(rows / DEFAULT_REGION_ROWS))
+    per_region = max(MIN_DEFAULT_INDUCING_PER_REGION,
+                     math.ceil(int(default_num_inducing(rows)) / regions))
+    return regions, max(1, min(per_region, math.ceil(rows / (2 * regions))))
+
+
 @dataclass
 class DistributedKernelSpec:
     """What to fit (see :class:`~pyrogp_models.models.distributed_kernel.model.
     DistributedKernelGP`).
 
-    ``num_regions`` J and ``num_inducing`` m per region; the regions cut input ``dim`` (default:
+    ``num_regions`` J and ``num_inducing`` m per region (default: :func:`default_layout` of the
+    data's rows, J from the given ``regions``); the regions cut input ``dim`` (default:
     the one with the largest range) at data quantiles, or are the given ``regions``
     (standardised units, J of them). ``lengthscale`` is the initial ℓ in standardised units
     (default: the module docstring's heuristic, or 1 with given regions); ``ard`` one per input
@@ -88,8 +107,8 @@ class DistributedKernelSpec:
     units) and ``info`` label the predictor.
     """
 
-    num_regions: int
-    num_inducing: int
+    num_regions: int | None = None
+    num_inducing: int | None = None
     dim: int | None = None
     variational: str = "meanfield"
     likelihood: str = "gaussian"
@@ -109,7 +128,10 @@ class DistributedKernelSpec:
     device: str | torch.device = "cpu"
 
     def __post_init__(self):
-        if self.num_regions < 1 or self.num_inducing < 1:
+        if self.num_regions is None and self.regions is not None:
+            self.num_regions = self.regions.num_regions
+        if any(value is not None and value < 1 for value in (self.num_regions,
+                                                             self.num_inducing)):
             raise ValueError(f"num_regions and num_inducing must be positive, got "
                              f"{self.num_regions} and {self.num_inducing}")
         if self.variational not in VARIATIONAL:
@@ -196,7 +218,7 @@ def model_data(X, y, spec: DistributedKernelSpec
                         f"{y.shape}")
     require_finite(X, "inputs")
     require_finite(y, "targets")
-    if spec.num_regions > len(y):
+    if spec.num_regions is not None and spec.num_regions > len(y):
         raise DataError(f"{spec.num_regions} regions are more than the {len(y)} data points")
     standardisation = Standardisation.fit(X, y, LIKELIHOODS[spec.likelihood].standardise_targets)
 
@@ -211,7 +233,9 @@ def build_model(X: torch.Tensor, y: torch.Tensor, spec: DistributedKernelSpec
                 ) -> DistributedKernelGP:
     """The unfitted model on standardised data, (X, y) bound in the order of the cut input (when
     one input is cut): J regions cut at quantiles along one input (or the spec's regions), m
-    inducing inputs on a grid over each region's points."""
+    inducing inputs on a grid over each region's points (J and m by default
+    :func:`default_layout`)."""
+    spec = with_layout(spec, X.shape[0])
     dim, lengthscale, ard = None, spec.lengthscale, uses_ard(spec, X.shape[1])
     if spec.regions is None:
         dim = cut_dimension(X, spec)
@@ -232,6 +256,13 @@ def build_model(X: torch.Tensor, y: torch.Tensor, spec: DistributedKernelSpec
         batch_size=spec.batch_size, likelihood_options=spec.likelihood_options)
     model.likelihood.validate_targets(y)
     return model
+
+
+def with_layout(spec: DistributedKernelSpec, rows: int) -> DistributedKernelSpec:
+    """The spec with J and m set: as given, else :func:`default_layout` of ``rows``."""
+    regions, per_region = default_layout(rows, spec.num_regions)
+    return replace(spec, num_regions=spec.num_regions or regions,
+                   num_inducing=spec.num_inducing or per_region)
 
 
 def cut_dimension(X: torch.Tensor, spec: DistributedKernelSpec) -> int:

@@ -103,3 +103,8 @@ MULTITASK_DEEP_CONFIG = TrainConfig(lr=0.01, steps=20000, tol=1e-5, window=100)
 #: takes by default: the help texts' copy, without torch at startup, of
 #: :data:`pyrogp_models.data.inducing.MAX_DEFAULT_INDUCING`.
 MAX_DEFAULT_INDUCING = 100
+#: The distributed kernel's default layout
+#: (:func:`pyrogp_models.inference.distributed_kernel_fit.default_layout`): one region per this
+#: many rows, each with at least this many inducing inputs.
+DEFAULT_REGION_ROWS = 3200
+MIN_DEFAULT_INDUCING_PER_REGION = 16

@@ -11,9 +11,14 @@ import torch
 from pyrogp_models.inference.cli import main
 from pyrogp_models.inference.distributed_kernel_fit import (
     DistributedKernelSpec,
+    default_layout,
     fit_distributed_kernel,
 )
 from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.train_config import (
+    DEFAULT_REGION_ROWS,
+    MIN_DEFAULT_INDUCING_PER_REGION,
+)
 from pyrogp_models.inference.train_config import (
     DISTRIBUTED_KERNEL_COLLAPSED_CONFIG as COLLAPSED_CONFIG,
 )
@@ -31,6 +36,7 @@ from helpers import (
 )
 from pyrogp_models.data import Standardisation, load_table
 from pyrogp_models.data.columns import Columns
+from pyrogp_models.data.inducing import default_num_inducing
 from pyrogp_models.data.partitioners import partition_contiguous
 from pyrogp_models.errors import ModuleFileError
 from pyrogp_models.io import load_predictor
@@ -46,7 +52,7 @@ from pyrogp_models.models.distributed_kernel.files import (
     load_distributed_kernel,
     save_distributed_kernel,
 )
-from pyrogp_models.modules.files import save_module
+from pyrogp_models.modules.files import load_modules, save_module
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 
@@ -68,6 +74,33 @@ def fitted(folder, regression_csv):
     assert main(["fit-distkernel", str(regression_csv), "--target", "y", "--features", "x",
                  "--regions", "3", *FIT, "--out", str(out)]) == 0
     return out
+
+
+def test_the_default_layout_is_a_local_fits_budget_on_short_data_and_regions_on_long_series():
+    for rows in (1, 7, 80, DEFAULT_REGION_ROWS):
+        assert default_layout(rows) == (1, int(default_num_inducing(rows)))
+    for rows in (DEFAULT_REGION_ROWS + 1, 10_000, 50_000, 10**6):
+        regions, per_region = default_layout(rows)
+        assert (regions - 1) * DEFAULT_REGION_ROWS < rows <= regions * DEFAULT_REGION_ROWS
+        assert per_region >= MIN_DEFAULT_INDUCING_PER_REGION
+        assert regions * per_region >= default_num_inducing(rows)
+    for rows, regions in ((80, 4), (80, 40), (10_000, 64)):
+        given, per_region = default_layout(rows, regions)
+        assert given == regions and 1 <= per_region <= -(-rows // (2 * regions))
+        assert regions * per_region >= min(default_num_inducing(rows),
+                                           regions * MIN_DEFAULT_INDUCING_PER_REGION,
+                                           rows // 2)
+
+
+def test_without_layout_flags_short_data_get_one_region_with_the_local_fits_budget(
+        capsys, folder, regression_csv):
+    run_ok(capsys, "fit-local", regression_csv, "--target", "y", "--partitions", "1",
+           "--steps", "5", "--out", folder / "local_budget")
+    local_m = next(iter(load_modules(folder / "local_budget").values())).num_inducing
+    run_ok(capsys, "fit-distkernel", regression_csv, "--target", "y", "--steps", "5",
+           "--out", folder / "dk_defaults.safetensors")
+    info = run_ok(capsys, "info", folder / "dk_defaults.safetensors")
+    assert f"distributed-kernel GP: 1 region × {local_m} inducing inputs" in info
 
 
 def test_fit_info_predict_evaluate_round_trip(capsys, folder, regression_csv, fitted):

@@ -1,8 +1,9 @@
 """``pyrogp fit-distkernel``: fit one distributed-kernel sparse GP and save it as one file.
 
 The SE kernel is split into J local kernels along one input (``--dim``, by default the one with the
-largest range), cut at data quantiles; each local GP gets m inducing inputs. The fit itself
-(standardisation, initial lengthscale, cuts, training) is
+largest range), cut at data quantiles; each local GP gets m inducing inputs (by default one region
+per 3200 rows, :func:`~pyrogp_models.inference.distributed_kernel_fit.default_layout`). The fit
+itself (standardisation, initial lengthscale, cuts, training) is
 :func:`pyrogp_models.inference.distributed_kernel_fit.fit_distributed_kernel`: a Gaussian mean-field
 fit runs L-BFGS on the collapsed bound (q solved at every step); other settings run Pyro SVI.
 """
@@ -21,8 +22,11 @@ from pyrogp_models.inference.commands.arguments import (
     add_units,
 )
 from pyrogp_models.inference.train_config import (
+    DEFAULT_REGION_ROWS,
     DISTRIBUTED_KERNEL_COLLAPSED_CONFIG,
     DISTRIBUTED_KERNEL_SVI_CONFIG,
+    MAX_DEFAULT_INDUCING,
+    MIN_DEFAULT_INDUCING_PER_REGION,
 )
 
 NAME = "fit-distkernel"
@@ -37,10 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="the column to predict")
     add_features(parser)
     add_units(parser)
-    parser.add_argument("--regions", type=int, required=True, metavar="J",
-                        help="number of regions (local GPs)")
-    parser.add_argument("--inducing-per-region", type=int, required=True, metavar="M",
-                        help="inducing inputs per region")
+    parser.add_argument("--regions", type=int, metavar="J",
+                        help="number of regions (local GPs) (default: one per "
+                             f"{DEFAULT_REGION_ROWS} rows)")
+    parser.add_argument("--inducing-per-region", type=int, metavar="M",
+                        help="inducing inputs per region (default: a local fit's M, at most "
+                             f"{MAX_DEFAULT_INDUCING}, shared among the regions, at least "
+                             f"{MIN_DEFAULT_INDUCING_PER_REGION} each and at most half a "
+                             "region's rows)")
     parser.add_argument("--dim", type=int, help="input dimension to cut into regions (default: "
                                                 "the one with the largest range)")
     parser.add_argument("--variational", default="meanfield", metavar="meanfield|joint",

@@ -96,7 +96,8 @@ class DistributedKernelPredictor(Predictor):
         model = self.model
         names = self.columns.features or [f"x{d}" for d in range(self.input_dim)]
         kind = "mean-field" if model.variational == "meanfield" else "joint"
-        lines = [f"distributed-kernel GP: {model.num_regions} regions × {model.num_inducing} "
+        regions = f"{model.num_regions} region{'s' if model.num_regions > 1 else ''}"
+        lines = [f"distributed-kernel GP: {regions} × {model.num_inducing} "
                  f"inducing inputs (M = {model.num_regions * model.num_inducing}), {kind} q",
                  *self._describe_regions(names)]
         ard = " (ARD)" if model.kernel.ard else ""
