@@ -132,6 +132,20 @@ def test_fit_info_predict_evaluate_beat_a_constant_per_task(capsys, folder, fitt
     assert re.search(r"^overall\s", table, re.M) and "nlpd" in table
 
 
+def test_cgp_takes_its_coregionalisation_and_rank_from_the_command_line(capsys, folder,
+                                                                          long_csv):
+    out = folder / "lmc.safetensors"
+    run_ok(capsys, "fit-multitask", long_csv, *LONG, "--model", "cgp", "--coregionalisation",
+           "lmc", "--rank", "3", "--inducing", "8", "--steps", "20", "--out", out)
+    model = load_multitask(out).model
+    assert (model.options.coregionalisation, model.options.coregional_rank) == ("lmc", 3)
+    lengthscales = model.top.layer.kernel.lengthscale.detach()
+    assert lengthscales.shape[0] == 3 and not torch.equal(lengthscales[0], lengthscales[1])
+    assert model.top.mixing.shape == (2, 3)
+    assert "coregionalisation lmc: 3 latent GPs mixed into every output" in run_ok(
+        capsys, "info", out)
+
+
 def test_wide_form_classification_beats_the_majority_class(capsys, folder):
     def labels(seed):
         data = two_tasks(200, seed)
@@ -223,6 +237,11 @@ BAD_FITS = {
     "--private for smdgp": ("data", [*LONG, "--private", "2"],
                             "--private applies to mmdgp, idgp, not smdgp"),
     "no inducing inputs": ("data", [*LONG, "--inducing", "0"], "--inducing must be positive"),
+    "--rank for smdgp": ("data", [*LONG, "--rank", "2"], "--rank applies to cgp, cmdgp, not smdgp"),
+    "--coregionalisation for igp": ("data", [*LONG, "--model", "igp", "--coregionalisation",
+                                             "lmc"],
+                                    "--coregionalisation applies to cgp, cmdgp, not igp"),
+    "rank zero": ("data", [*LONG, "--model", "cgp", "--rank", "0"], "--rank must be positive"),
     "--classes for gaussian": ("data", [*LONG, "--classes", "3"], "--classes applies to"),
     "--link for gaussian": ("data", [*LONG, "--link", "probit"], "--link applies to"),
 }

@@ -36,6 +36,8 @@ LIKELIHOOD_NAMES = ("gaussian", "bernoulli", "categorical")
 WIDTH_OPTIONS = {"--shared": {"smdgp": "shared_width", "mmdgp": "shared_width",
                               "cmdgp": "inner_width"},
                  "--private": {"mmdgp": "private_width", "idgp": "private_width"}}
+#: The models that take --coregionalisation and --rank.
+COREGIONALISED_MODELS = ("cgp", "cmdgp")
 
 
 
@@ -66,6 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--private", type=int, metavar="W",
                         help="width of every task's private latent process (mmdgp, idgp) "
                              "(default: as for --shared, the other half for mmdgp)")
+    parser.add_argument("--coregionalisation", metavar="icm|lmc", choices=LibraryNames(
+                            "pyrogp_models.models.multitask.options:COREGIONALISATIONS"),
+                        help="cgp, cmdgp: the mixed latent GPs share one kernel (icm) or each "
+                             "has its own (lmc: slow and fast co-variation together) "
+                             "(default: icm)")
+    parser.add_argument("--rank", type=int, metavar="R",
+                        help="cgp, cmdgp: latent GPs mixed into every output (default: the "
+                             "number of tasks, at most 2)")
     parser.add_argument("--inducing", type=int, metavar="M",
                         help="inducing inputs of every process (each task's top GP, private "
                              "and shared processes, each latent GP of cgp): the same budget in "
@@ -160,7 +170,8 @@ def _model_options(args: argparse.Namespace) -> dict:
     from pyrogp_models.errors import DataError
 
     positive = {"--inducing": args.inducing, "--steps": args.steps, "--lr": args.lr,
-                "--shared": args.shared, "--private": args.private, "--classes": args.classes}
+                "--shared": args.shared, "--private": args.private, "--classes": args.classes,
+                "--rank": args.rank}
     for flag, value in positive.items():
         if value is not None and not value > 0:
             raise DataError(f"{flag} must be positive, got {value:g}")
@@ -171,6 +182,13 @@ def _model_options(args: argparse.Namespace) -> dict:
             if args.model not in targets:
                 raise DataError(f"{flag} applies to {', '.join(targets)}, not {args.model}")
             options[targets[args.model]] = value
+    for flag, value, option in (("--coregionalisation", args.coregionalisation,
+                                 "coregionalisation"), ("--rank", args.rank, "coregional_rank")):
+        if value is not None:
+            if args.model not in COREGIONALISED_MODELS:
+                raise DataError(f"{flag} applies to {', '.join(COREGIONALISED_MODELS)}, not "
+                                f"{args.model}")
+            options[option] = value
     return options
 
 

@@ -52,6 +52,9 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
                          for name, layer in model.variational_sites())]
     weights = model.ard_weights().detach()
     per_task = not isinstance(model.top, CoregionalisedGP)
+    if not per_task:
+        lines.append(f"coregionalisation {model.options.coregionalisation}: "
+                     f"{model.options.coregional_rank} latent GPs mixed into every output")
     parameters = {key: value.detach() for key, value in likelihood.parameter_values().items()}
     counts = summary["num_data"]
 
