@@ -24,7 +24,7 @@ joint) ELBO:
   (:data:`~pyrogp_models.inference.train_config.DISTRIBUTED_KERNEL_SVI_CONFIG`); any
   likelihood; minibatches via ``batch_size``.
 
-The initial lengthscale (standardised units) is min(1, range/(2·MIN_WIDTH·J)) along the cut
+The initial lengthscale (standardised units) is min(1, s/(2·MIN_WIDTH·J)) along the cut
 dimension, so that every region starts at least MIN_WIDTH = 2 lengthscales wide (narrower regions
 are not local: the window at the centre of a region of width W is 2Φ(W/ℓ) − 1). With more than
 one input the kernel is ARD by default and the other inputs start where a local fit of all the
@@ -66,7 +66,11 @@ from pyrogp_models.models.distributed_kernel.construct import build_distributed_
 from pyrogp_models.models.distributed_kernel.files import DistributedKernelPredictor
 from pyrogp_models.models.distributed_kernel.halo import DEFAULT_EPS
 from pyrogp_models.models.distributed_kernel.model import VARIATIONAL, DistributedKernelGP
-from pyrogp_models.models.distributed_kernel.regions import Regions, split_dimension
+from pyrogp_models.models.distributed_kernel.regions import (
+    Regions,
+    split_dimension,
+    spread,
+)
 from pyrogp_models.models.local.initialisation import (
     initial_lengthscale as local_initial_lengthscale,
 )
@@ -97,7 +101,7 @@ class DistributedKernelSpec:
 
     ``num_regions`` J and ``num_inducing`` m per region (default: :func:`default_layout` of the
     data's rows, J from the given ``regions``); the regions cut input ``dim`` (default:
-    the one with the largest range) at data quantiles, or are the given ``regions``
+    the one with the largest central range) at data quantiles, or are the given ``regions``
     (standardised units, J of them). ``lengthscale`` is the initial ℓ in standardised units
     (default: the module docstring's heuristic, or 1 with given regions); ``ard`` one per input
     (default: with more than one input, :func:`uses_ard`). ``likelihood_options``
@@ -266,7 +270,8 @@ def with_layout(spec: DistributedKernelSpec, rows: int) -> DistributedKernelSpec
 
 
 def cut_dimension(X: torch.Tensor, spec: DistributedKernelSpec) -> int:
-    """The input to cut: ``spec.dim``, or the one with the largest range; it must vary."""
+    """The input to cut: ``spec.dim``, or the one with the largest central range
+    (:func:`~pyrogp_models.models.distributed_kernel.regions.spread`); it must vary."""
     input_dim = X.shape[1]
     if spec.dim is not None and not 0 <= spec.dim < input_dim:
         raise DataError(f"dim {spec.dim} is not an input dimension (0 to {input_dim - 1})")
@@ -289,12 +294,14 @@ def uses_ard(spec: DistributedKernelSpec, input_dim: int) -> bool:
 def initial_lengthscale(X: torch.Tensor, dim: int, spec: DistributedKernelSpec, ard: bool
                        ) -> float | torch.Tensor:
     """The initial ℓ (standardised units, module docstring): along the cut input ``dim`` of
-    X [N, D], min(1, range/(2·MIN_WIDTH·J)) (1 for one region); with ARD every other input
+    X [N, D], min(1, s/(2·MIN_WIDTH·J)) (1 for one region) for its range s (that of its central
+    98 % where outliers make up more than half of it,
+    :func:`~pyrogp_models.models.distributed_kernel.regions.spread`); with ARD every other input
     takes a local fit's rule for all the data and the J·m inducing inputs
     (:func:`pyrogp_models.models.local.initialisation.initial_lengthscale`)."""
     x = X[:, dim]
     along = (1.0 if spec.num_regions == 1 else
-             min(1.0, float(x.max() - x.min()) / (2 * MIN_WIDTH * spec.num_regions)))
+             min(1.0, float(spread(x[:, None])[0]) / (2 * MIN_WIDTH * spec.num_regions)))
     if not ard:
         return along
     rule = local_initial_lengthscale(X.unsqueeze(0), torch.ones_like(x, dtype=torch.bool)[None],

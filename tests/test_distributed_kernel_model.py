@@ -492,3 +492,18 @@ def test_many_inputs_do_not_start_where_the_data_look_like_noise():
     linear = np.column_stack([X[test], np.ones(len(test))]) @ weights
     rmse = float(np.sqrt(np.mean((mean.detach().numpy() - y[test]) ** 2)))
     assert rmse < float(np.sqrt(np.mean((linear - y[test]) ** 2)))
+
+
+def test_a_few_outliers_neither_choose_the_cut_input_nor_empty_its_regions():
+    """Diamonds-like inputs: the widest input owes its range to 0.3 % outliers far out; the
+    regions cut the bulk of the input that varies most there, and every region holds data."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(3000, 2)) * np.array([1.0, 0.8])
+    X[:9, 1] = rng.uniform(40, 60, 9)
+    y = np.sin(3 * X[:, 0]) + 0.1 * rng.normal(size=3000)
+    fit = fit_distributed_kernel((X, y), DistributedKernelSpec(12, 6), TrainConfig(steps=2))
+    regions = fit.model.regions
+    assert regions.active_dims == [0]
+    bound_X, _ = fit.model.bound_data()
+    counts = torch.bincount(regions.owner(bound_X), minlength=12)
+    assert int(counts.min()) > 0

@@ -1,9 +1,10 @@
 """``pyrogp fit-distkernel``: fit one distributed-kernel sparse GP and save it as one file.
 
 The SE kernel is split into J local kernels along one input (``--dim``, by default the one with the
-largest range), cut at data quantiles; each local GP gets m inducing inputs (by default one region
-per 3200 rows, :func:`~pyrogp_models.inference.distributed_kernel_fit.default_layout`). The fit
-itself (standardisation, initial lengthscale, cuts, training) is
+largest range, outliers aside), cut at data quantiles; each local GP gets m inducing inputs (by
+default one region per 3200 rows,
+:func:`~pyrogp_models.inference.distributed_kernel_fit.default_layout`). The fit itself
+(standardisation, initial lengthscale, cuts, training) is
 :func:`pyrogp_models.inference.distributed_kernel_fit.fit_distributed_kernel`: a Gaussian mean-field
 fit runs L-BFGS on the collapsed bound (q solved at every step); other settings run Pyro SVI.
 """
@@ -49,8 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{MAX_DEFAULT_INDUCING}, shared among the regions, at least "
                              f"{MIN_DEFAULT_INDUCING_PER_REGION} each and at most half a "
                              "region's rows)")
-    parser.add_argument("--dim", type=int, help="input dimension to cut into regions (default: "
-                                                "the one with the largest range)")
+    parser.add_argument("--dim", type=int,
+                        help="input dimension to cut into regions (default: the one with the "
+                             "largest range, outliers aside)")
     parser.add_argument("--variational", default="meanfield", metavar="meanfield|joint",
                         choices=LibraryNames(
                             "pyrogp_models.models.distributed_kernel.model:VARIATIONAL"),
