@@ -91,7 +91,7 @@ def default_layout(rows: int, regions: int | None = None) -> tuple[int, int]:
     regions = regions or max(1, math.ceil(rows / DEFAULT_REGION_ROWS))
     per_region = max(MIN_DEFAULT_INDUCING_PER_REGION,
                      math.ceil(int(default_num_inducing(rows)) / regions))
-    return regions, max(1, min(per_region, math.ceil(rows / (2 * regions))))
+    return regions, min(per_region, math.ceil(rows / (2 * regions)))
 
 
 @dataclass
@@ -265,8 +265,7 @@ def build_model(X: torch.Tensor, y: torch.Tensor, spec: DistributedKernelSpec
 def with_layout(spec: DistributedKernelSpec, rows: int) -> DistributedKernelSpec:
     """The spec with J and m set: as given, else :func:`default_layout` of ``rows``."""
     regions, per_region = default_layout(rows, spec.num_regions)
-    return replace(spec, num_regions=spec.num_regions or regions,
-                   num_inducing=spec.num_inducing or per_region)
+    return replace(spec, num_regions=regions, num_inducing=spec.num_inducing or per_region)
 
 
 def cut_dimension(X: torch.Tensor, spec: DistributedKernelSpec) -> int:

@@ -32,12 +32,12 @@ NAME = "fit-multitask"
 HELP = "fit a multitask (deep) GP on several tasks and save it as one file"
 
 LIKELIHOOD_NAMES = ("gaussian", "bernoulli", "categorical")
-#: Which kinds take --shared and --private, and the option each sets.
-WIDTH_OPTIONS = {"--shared": {"smdgp": "shared_width", "mmdgp": "shared_width",
+#: The architecture flags: which kinds take each, and the option it sets for each.
+MODEL_OPTIONS = {"--shared": {"smdgp": "shared_width", "mmdgp": "shared_width",
                               "cmdgp": "inner_width"},
-                 "--private": {"mmdgp": "private_width", "idgp": "private_width"}}
-#: The models that take --coregionalisation and --rank.
-COREGIONALISED_MODELS = ("cgp", "cmdgp")
+                 "--private": {"mmdgp": "private_width", "idgp": "private_width"},
+                 "--coregionalisation": dict.fromkeys(("cgp", "cmdgp"), "coregionalisation"),
+                 "--rank": dict.fromkeys(("cgp", "cmdgp"), "coregional_rank")}
 
 
 
@@ -176,19 +176,12 @@ def _model_options(args: argparse.Namespace) -> dict:
         if value is not None and not value > 0:
             raise DataError(f"{flag} must be positive, got {value:g}")
     options = {} if args.inducing is None else {"num_inducing": args.inducing}
-    for flag, value in (("--shared", args.shared), ("--private", args.private)):
-        targets = WIDTH_OPTIONS[flag]
+    for flag, targets in MODEL_OPTIONS.items():
+        value = getattr(args, flag.removeprefix("--"))
         if value is not None:
             if args.model not in targets:
                 raise DataError(f"{flag} applies to {', '.join(targets)}, not {args.model}")
             options[targets[args.model]] = value
-    for flag, value, option in (("--coregionalisation", args.coregionalisation,
-                                 "coregionalisation"), ("--rank", args.rank, "coregional_rank")):
-        if value is not None:
-            if args.model not in COREGIONALISED_MODELS:
-                raise DataError(f"{flag} applies to {', '.join(COREGIONALISED_MODELS)}, not "
-                                f"{args.model}")
-            options[option] = value
     return options
 
 

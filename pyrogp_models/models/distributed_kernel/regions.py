@@ -229,10 +229,12 @@ def quantile_cuts(x: torch.Tensor, num_regions: int, min_width: float) -> torch.
 def spread(X: torch.Tensor) -> torch.Tensor:
     """The range of each input of X [N, D], or of its central 98 % (the 1 % to 99 % quantiles)
     where outliers make up more than half of the range: so that a few outliers neither choose
-    the input to cut nor widen its regions into empty space. [D]."""
-    central = torch.quantile(X, X.new_tensor([0.01, 0.99]), dim=0)
-    full = X.max(0).values - X.min(0).values
-    central = central[1] - central[0]
+    the input to cut nor widen its regions into empty space (nearest-rank quantiles of one sort:
+    no size limit, unlike ``torch.quantile``). [D]."""
+    ordered = X.sort(0).values
+    last = X.shape[0] - 1
+    full = ordered[-1] - ordered[0]
+    central = ordered[round(0.99 * last)] - ordered[round(0.01 * last)]
     return torch.where((central > 0) & (central < 0.5 * full), central, full)
 
 
