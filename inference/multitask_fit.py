@@ -62,7 +62,7 @@ class MultitaskSpec(MultitaskOptions):
     better of the two (``warm_start``), the mixture components of the predictor and the
     tensors' dtype and device."""
 
-    model: str = "smdgp"
+    model: str = "cgp"
     inducing_init: str = "kmeans"
     warm_start: bool = True
     predictive_samples: int = 200
@@ -134,7 +134,7 @@ def default_config(spec: MultitaskSpec) -> TrainConfig:
     """How ``spec.model`` trains by default (see the module docstring):
 
     - deterministic single-layer objective: L-BFGS (lr 1, strong Wolfe), at most 500 steps of 20
-      iterations, converged when the ELBO changes by < 1e-9 relative over 2 steps; with a
+      iterations, converged when the ELBO changes by < 1e-7 relative over 2 steps; with a
       Gaussian likelihood a unit natural-gradient step puts q(u) at its optimum before every
       evaluation (iGP's q per task, cGP's joint q over its latent GPs), so L-BFGS minimises the
       collapsed bound of the hyperparameters;

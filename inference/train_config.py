@@ -94,16 +94,19 @@ DISTRIBUTED_KERNEL_COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, ste
 DISTRIBUTED_KERNEL_SVI_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=50,
                                             tol=1e-6)
 #: Multitask models with a deterministic objective (single-layer iGP, cGP): L-BFGS (lr 1, strong
-#: Wolfe), at most 500 steps of 20 iterations, converged when the ELBO changes by < 1e-9
+#: Wolfe), at most 500 steps of 20 iterations, converged when the ELBO changes by < 1e-7
 #: (relative) over 2 steps.
-MULTITASK_SHALLOW_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, tol=1e-9, window=2)
+MULTITASK_SHALLOW_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, tol=1e-7, window=2)
 #: Multitask deep GPs: Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of
 #: 100 steps changes by < 1e-5 (relative) beyond twice its standard error.
 MULTITASK_DEEP_CONFIG = TrainConfig(lr=0.01, steps=20000, tol=1e-5, window=100)
-#: The most inducing inputs a local fit's partition, a meta-GP or a multitask model's process
-#: takes by default: the help texts' copy, without torch at startup, of
+#: The most inducing inputs a local fit's partition or a meta-GP takes by default: the help
+#: texts' copy, without torch at startup, of
 #: :data:`pyrogp_models.data.inducing.MAX_DEFAULT_INDUCING`.
 MAX_DEFAULT_INDUCING = 100
+#: The most a multitask model's process takes by default (every row of the largest task up to
+#: this): the copy of :data:`pyrogp_models.models.multitask.options.MAX_DEFAULT_TASK_INDUCING`.
+MAX_DEFAULT_TASK_INDUCING = 400
 #: The distributed kernel's default layout
 #: (:func:`pyrogp_models.inference.distributed_kernel_fit.default_layout`): one region per this
 #: many rows, each with at least this many inducing inputs.

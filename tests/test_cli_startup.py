@@ -135,5 +135,7 @@ def test_the_help_texts_quote_the_models_default_inducing_budget():
     from pyrogp_models.inference import train_config
 
     from pyrogp_models.data import inducing
+    from pyrogp_models.models.multitask import options
 
     assert train_config.MAX_DEFAULT_INDUCING == inducing.MAX_DEFAULT_INDUCING
+    assert train_config.MAX_DEFAULT_TASK_INDUCING == options.MAX_DEFAULT_TASK_INDUCING

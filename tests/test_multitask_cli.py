@@ -16,11 +16,11 @@ from pyrogp_models.inference.trainer import TrainConfig
 
 from helpers import resigned, run_failing, run_ok, write_csv
 from pyrogp_models.data import load_table
-from pyrogp_models.data.inducing import MAX_DEFAULT_INDUCING
 from pyrogp_models.errors import ModuleFileError
 from pyrogp_models.models.multitask import toy_tasks
 from pyrogp_models.models.multitask.families import SUMMARIES
 from pyrogp_models.models.multitask.files import load_multitask, save_multitask
+from pyrogp_models.models.multitask.options import MAX_DEFAULT_TASK_INDUCING
 from pyrogp_models.modules.files import load_module
 from pyrogp_models.modules.signed import file_format
 
@@ -146,6 +146,36 @@ def test_cgp_takes_its_coregionalisation_and_rank_from_the_command_line(capsys, 
         capsys, "info", out)
 
 
+def test_the_default_is_an_lmc_cgp_and_the_exact_gp_where_the_largest_task_has_every_input(
+        capsys, folder):
+    """No flags: cGP with a kernel per latent GP, M = the largest task's rows; where that task
+    is observed at every input, the inducing inputs are those inputs and stay fixed (``info``
+    says so), and the fit beats independent GPs on a stretch hidden from task b."""
+    rng = np.random.default_rng(3)
+    x = np.sort(rng.uniform(0, 1, 80))
+    shared = np.sin(6 * x) + 0.5 * np.sin(40 * x)                     # fast co-variation too
+    table = {"x": x, "a": shared + 0.05 * rng.normal(size=80),
+             "b": 2 * shared + 1 + 0.05 * rng.normal(size=80)}
+    hidden = (x > 0.4) & (x < 0.6)
+    train = {**table, "b": np.where(hidden, np.nan, table["b"])}
+    csv = write_csv(folder / "isotopic.csv", train)
+    rmse = {}
+    for model in ("cgp", "igp"):
+        out = folder / f"default_{model}.safetensors"
+        flags = [] if model == "cgp" else ["--model", "igp"]
+        run_ok(capsys, "--threads", "1", "fit-multitask", csv, "--target", "a,b", *flags,
+               "--out", out)
+        predictor = load_multitask(out)
+        mean, _ = predictor.predict_y(x[hidden][:, None], np.ones(hidden.sum(), int))
+        rmse[model] = float(np.sqrt(np.mean((mean.numpy() - table["b"][hidden]) ** 2)))
+    model = load_multitask(folder / "default_cgp.safetensors").model
+    assert (model.kind, model.options.coregionalisation) == ("cgp", "lmc")
+    assert model.options.num_inducing == 80 and model.options.learn_inducing is False
+    assert "M = 80 inducing inputs per process (fixed)" in run_ok(
+        capsys, "info", folder / "default_cgp.safetensors")
+    assert rmse["cgp"] < 0.5 * rmse["igp"], rmse
+
+
 def test_wide_form_classification_beats_the_majority_class(capsys, folder):
     def labels(seed):
         data = two_tasks(200, seed)
@@ -185,9 +215,9 @@ def test_help_names_every_model_and_the_default_size(capsys):
     text = " ".join(run_ok(capsys, "fit-multitask", "--help").split())
     for kind in SUMMARIES:
         assert re.search(rf"\b{kind}\b", text), kind
-    assert "(default: smdgp)" in text
+    assert "(default: cgp," in text
     assert (f"(default: the rows of the largest task, all of them up to "
-            f"{MAX_DEFAULT_INDUCING})") in text
+            f"{MAX_DEFAULT_TASK_INDUCING}); ") in text
     assert "fit-multitask" in run_ok(capsys, "--help")
     (action,) = [a for a in documented_parser()._actions
                  if isinstance(a, argparse._SubParsersAction)]
@@ -234,10 +264,11 @@ BAD_FITS = {
     "target as feature": ("data", [*LONG, "--features", "x,y"], "both features and target"),
     "--shared for igp": ("data", [*LONG, "--model", "igp", "--shared", "2"],
                          "--shared applies to smdgp, mmdgp, cmdgp, not igp"),
-    "--private for smdgp": ("data", [*LONG, "--private", "2"],
-                            "--private applies to mmdgp, idgp, not smdgp"),
+    "--private for cgp": ("data", [*LONG, "--private", "2"],
+                          "--private applies to mmdgp, idgp, not cgp"),
     "no inducing inputs": ("data", [*LONG, "--inducing", "0"], "--inducing must be positive"),
-    "--rank for smdgp": ("data", [*LONG, "--rank", "2"], "--rank applies to cgp, cmdgp, not smdgp"),
+    "--rank for smdgp": ("data", [*LONG, "--model", "smdgp", "--rank", "2"],
+                         "--rank applies to cgp, cmdgp, not smdgp"),
     "--coregionalisation for igp": ("data", [*LONG, "--model", "igp", "--coregionalisation",
                                              "lmc"],
                                     "--coregionalisation applies to cgp, cmdgp, not igp"),

@@ -20,6 +20,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference.natural_gradient import NaturalGradient
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from multitask_helpers import randomise, toy_data, toy_model
@@ -70,6 +71,39 @@ def test_igp_with_optimal_q_at_the_data_is_the_exact_log_marginal_likelihood():
         assert abs(float(model.elbo() - exact)) < 1e-6 * 24
         layer.set_whitened_posterior(layer.q_mean + 0.1, layer.q_sqrt)
         assert float(model.elbo()) < float(exact) - 1e-3
+
+
+def test_single_layer_models_with_every_input_inducing_keep_them_fixed_and_are_the_exact_gp():
+    """Where M covers the distinct inputs (the default when the largest task has them all),
+    k-means puts a centre on each: iGP and the LMC cGP are then the exact GP — at the optimal
+    q (one unit natural-gradient step) the ELBO is the exact log marginal likelihood of the
+    heterotopic data — and their inducing inputs stay fixed; with one fewer they are learned."""
+    x = torch.linspace(-1.5, 1.5, 10, dtype=torch.float64)[:, None]
+    X = torch.cat([x, x[:7]])
+    task = torch.cat([torch.zeros(10), torch.ones(7)]).long()
+    y = torch.cat([torch.sin(3 * x[:, 0]), torch.cos(2 * x[:7, 0])])
+    data = TaskData.from_long(X, task, y, 2)
+    for kind in ("igp", "cgp"):
+        model = randomise(build_model(kind, data, MultitaskOptions(jitter=1e-10)))
+        layer = model.top.layer
+        assert model.options.learn_inducing is False
+        assert "inducing_unit" in dict(layer.named_buffers())
+        NaturalGradient(model, 1.0)(lambda model=model: -model.elbo())
+        with torch.no_grad():
+            gram = layer.kernel(X[None, None], X[None, None])[:, 0]           # [B, N, N]
+            if kind == "igp":
+                covariance = torch.stack([gram[t, n] for n, t in enumerate(task.tolist())])
+                covariance = covariance * (task[:, None] == task[None, :])
+            else:
+                mixing = model.top.mixing[task]                                   # [N, R]
+                covariance = torch.einsum("nr,mr,rnm->nm", mixing, mixing,
+                                          gram.expand(mixing.shape[1], -1, -1))
+            covariance = covariance + torch.diag(model.likelihood.variance[task])
+            exact = MultivariateNormal(torch.zeros(17, dtype=X.dtype), covariance).log_prob(y)
+            assert float(model.elbo()) == pytest.approx(float(exact), abs=1e-6)
+        fewer = build_model(kind, data, MultitaskOptions(num_inducing=9))
+        assert fewer.options.learn_inducing is True
+        assert "inducing_unit_unconstrained" in dict(fewer.top.layer.named_parameters())
 
 
 # T4 -------------------------------------------------------------------------------------------

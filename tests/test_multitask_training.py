@@ -16,9 +16,8 @@ from pyrogp_models.inference.multitask_fit import (
 from pyrogp_models.inference.trainer import TrainConfig, train
 
 from multitask_helpers import randomise, toy_data, toy_model
-from pyrogp_models.data.inducing import MAX_DEFAULT_INDUCING
 from pyrogp_models.models.multitask import MODELS, build_model, toy_tasks
-from pyrogp_models.models.multitask.options import MultitaskOptions
+from pyrogp_models.models.multitask.options import MAX_DEFAULT_TASK_INDUCING, MultitaskOptions
 from pyrogp_models.models.multitask.warm_start import CONTAINED, SWITCHED_OFF, embed_shallow
 
 DEEP = sorted(CONTAINED)
@@ -102,7 +101,8 @@ def test_the_default_inducing_inputs_are_the_largest_tasks_rows_up_to_a_cap():
     data, _ = toy_data(30, gap=(0.2, 0.5))
     counts = torch.bincount(data.task).tolist()
     assert build_model("igp", data).options.num_inducing == max(counts)
-    assert MultitaskOptions().with_inducing_for([5, 10**5]).num_inducing == MAX_DEFAULT_INDUCING
+    cap = MAX_DEFAULT_TASK_INDUCING
+    assert MultitaskOptions().with_inducing_for([5, 10**5]).num_inducing == cap
     assert MultitaskOptions(num_inducing=4).with_inducing_for([50]).num_inducing == 4
 
 

@@ -23,7 +23,7 @@ from pyrogp_models.inference.commands.arguments import (
     add_seed,
 )
 from pyrogp_models.inference.train_config import (
-    MAX_DEFAULT_INDUCING,
+    MAX_DEFAULT_TASK_INDUCING,
     MULTITASK_DEEP_CONFIG,
     MULTITASK_SHALLOW_CONFIG,
 )
@@ -51,11 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task-column", metavar="T",
                         help="the column naming each row's task (long form)")
     add_features(parser, "the target(s) and the task column")
-    parser.add_argument("--model", default="smdgp", metavar="MODEL",
+    parser.add_argument("--model", default="cgp", metavar="MODEL",
                         choices=LibraryNames("pyrogp_models.models.multitask.families:SUMMARIES"),
-                        help="the model: smdgp, mmdgp or cmdgp (multitask deep GPs), idgp, igp "
-                             "or cgp (baselines); the documentation describes each "
-                             "(default: smdgp)")
+                        help="the model: cgp (coregionalised GP), smdgp, mmdgp or cmdgp "
+                             "(multitask deep GPs), idgp or igp (independent); the "
+                             "documentation describes each (default: cgp, the one that "
+                             "transferred best on real data)")
     parser.add_argument("--likelihood", default="gaussian", choices=LIKELIHOOD_NAMES,
                         help="observation model of every task (default: gaussian)")
     parser.add_argument("--classes", type=int, metavar="C",
@@ -72,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "pyrogp_models.models.multitask.options:COREGIONALISATIONS"),
                         help="cgp, cmdgp: the mixed latent GPs share one kernel (icm) or each "
                              "has its own (lmc: slow and fast co-variation together) "
-                             "(default: icm)")
+                             "(default: lmc)")
     parser.add_argument("--rank", type=int, metavar="R",
                         help="cgp, cmdgp: latent GPs mixed into every output (default: the "
                              "number of tasks, at most 2)")
@@ -80,7 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="inducing inputs of every process (each task's top GP, private "
                              "and shared processes, each latent GP of cgp): the same budget in "
                              "every model (default: the rows of the largest task, all of them "
-                             f"up to {MAX_DEFAULT_INDUCING})")
+                             f"up to {MAX_DEFAULT_TASK_INDUCING}); where igp or cgp then has "
+                             "every input as an inducing input it is the exact GP, and they "
+                             "stay fixed")
     parser.add_argument("--steps", type=int, metavar="N",
                         help="maximum optimiser steps of the model; the fit stops earlier once "
                              f"converged (default: {MULTITASK_SHALLOW_CONFIG.steps} L-BFGS steps "

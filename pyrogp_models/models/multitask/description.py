@@ -30,6 +30,7 @@ def multitask_summary(predictor: MultitaskPredictor) -> dict:
             "likelihood": {"name": model.likelihood.name, **model.likelihood.options(),
                            **parameters},
             "num_inducing": model.options.num_inducing,
+            "learn_inducing": model.options.learn_inducing,
             "ard_weights": model.ard_weights().detach().tolist(),
             "shared_columns": model.latent.shared_width if model.is_deep else None,
             "predictive_samples": predictor.num_samples if model.is_deep else 1,
@@ -47,7 +48,8 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
              f"{model.num_tasks} tasks, {model.input_dim} input{'s' * (model.input_dim > 1)} "
              f"({', '.join(summary['features'])}); "
              f"likelihood {likelihood.name}" + (f" ({options})" if options else ""),
-             f"M = {model.options.num_inducing} inducing inputs per process; q(u) shapes: "
+             f"M = {model.options.num_inducing} inducing inputs per process"
+             + (" (fixed)" if model.options.learn_inducing is False else "") + "; q(u) shapes: "
              + ", ".join(f"{name} {list(layer.q_mean.shape)}"
                          for name, layer in model.variational_sites())]
     weights = model.ard_weights().detach()

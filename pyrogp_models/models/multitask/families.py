@@ -17,6 +17,7 @@ kind       inner layer (latent space λ^t)                          top layer
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -38,7 +39,7 @@ SUMMARIES = {
     "cmdgp": "coregionalised multitask DGP: task-mixed shared latents, one coregionalised GP",
     "idgp": "independent 2-layer deep GPs, one per task (baseline)",
     "igp": "independent sparse GPs, one per task (baseline)",
-    "cgp": "one coregionalised (ICM) sparse GP over all tasks (baseline)",
+    "cgp": "one coregionalised sparse GP over all tasks (LMC, or ICM; the default)",
 }
 
 
@@ -148,6 +149,7 @@ class IGP(MultitaskGP):
     """Independent SVGPs, one per task (Hensman et al. 2013), as a single-layer model."""
 
     kind = "igp"
+    inducing_on_inputs = "task"
 
     def build_layers(self, options, init):
         return None, _Layers(options, init, self.num_latent).task_gps(init.inducing)
@@ -167,6 +169,7 @@ class CGP(MultitaskGP):
     task only (Nguyen & Bonilla 2014)."""
 
     kind = "cgp"
+    inducing_on_inputs = "shared"
 
     def build_layers(self, options, init):
         return None, _Layers(options, init, self.num_latent).coregionalised_gp(
@@ -195,4 +198,8 @@ def build_model(kind: str, data, options: MultitaskOptions | None = None,
     options = (options or MultitaskOptions()).with_inducing_for(
         torch.bincount(data.task, minlength=data.num_tasks).tolist())
     init = Initialisation.from_data(data, options.num_inducing, inducing_init, generator)
+    if options.learn_inducing is None:
+        on_inputs = MODELS[kind].inducing_on_inputs
+        exact = on_inputs is not None and init.covers(data, per_task=on_inputs == "task")
+        options = replace(options, learn_inducing=not exact)
     return MODELS[kind](options, init, data, name)

@@ -5,6 +5,11 @@
   centres of all tasks' inputs (not the M·T stacked sets of dgplib: the same budget as every
   other process, a cost linear in the number of tasks); the top layer's inducing inputs are the
   task's pushed through the inner layer's linear mean (spec Sec. 4.1, item 2).
+- A single-layer model (iGP, cGP) whose inducing inputs are every input its GPs see — M at least
+  the distinct inputs, where k-means puts a centre on each — is the exact GP on them (Titsias'
+  bound is tight at Z = X): :meth:`Initialisation.covers` tells, and the inducing inputs then
+  stay where they are (moving them cannot raise the bound, and L-BFGS converges in far fewer
+  steps without them).
 - Fixed linear mean of an inner process with W outputs (Salimbeni & Deisenroth 2017; dgplib):
   identity, zero-padded, when D_in ≤ W; otherwise the top-W principal directions of the inputs.
 """
@@ -17,6 +22,9 @@ import torch
 
 from pyrogp_models.data.inducing import init_inducing
 from pyrogp_models.models.multitask.data import TaskData, TaskLayout
+
+#: Distance (model units) within which an input counts as an inducing input.
+COVER_TOLERANCE = 1e-9
 
 
 @dataclass
@@ -58,6 +66,21 @@ class Initialisation:
     @property
     def input_dim(self) -> int:
         return self.inducing.shape[-1]
+
+    def covers(self, data: TaskData, per_task: bool) -> bool:
+        """Whether every input is one of the inducing inputs of the GP that sees it: task t's
+        (Z^t, ``per_task``) or the shared set's (every task's inputs); up to rounding
+        (:data:`COVER_TOLERANCE`, in model units: a k-means centre on duplicated inputs is
+        their mean)."""
+        exact = "donot_use_mm_for_euclid_dist"     # no |x|² − 2x·z + |z|² cancellation
+        if per_task:
+            layout = TaskLayout.of(data.task, data.num_tasks)
+            distances = torch.cdist(layout.gather(data.X, 1), self.inducing,
+                                    compute_mode=exact)                         # [T, P, M]
+            nearest = distances.amin(-1).masked_fill(~layout.mask, 0.0)
+        else:
+            nearest = torch.cdist(data.X, self.shared_inducing, compute_mode=exact).amin(-1)
+        return bool((nearest <= COVER_TOLERANCE).all())
 
     def mean_weights(self, width: int) -> torch.Tensor:
         """The fixed linear mean x ↦ xW of an inner process with ``width`` outputs: W [D, width]."""

@@ -71,6 +71,9 @@ class MultitaskGP(PyroModule):
     """
 
     kind: ClassVar[str]
+    #: A single-layer model's GPs on x: "task" (Z^t per task) or "shared" (one Z for all
+    #: tasks); None for a deep model, whose top-layer inputs move.
+    inducing_on_inputs: ClassVar[str | None] = None
     #: Model classes by kind, filled in as subclasses are defined.
     registry: ClassVar[dict[str, type[MultitaskGP]]] = {}
 

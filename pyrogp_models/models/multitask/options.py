@@ -11,8 +11,8 @@ their best):
 - M inducing points per process: a private process and every task's top GP have M, and so has a
   shared (or coregionalised) process — the same budget in every model, a cost linear in the
   number of tasks. M defaults to the rows of the largest task, at most
-  :data:`~pyrogp_models.data.inducing.MAX_DEFAULT_INDUCING` (resolved from the data by
-  ``build_model``);
+  :data:`MAX_DEFAULT_TASK_INDUCING` (resolved from the data by ``build_model``); a single-layer
+  model whose inducing inputs are then every input is the exact GP, and they stay fixed;
 - S = 1 sample in training; the inner q(u) starts at its prior (q_sqrt = I, whitened: KL = 0) and
   the inner kernels with a small variance, so that at the start the inner layer passes its
   inputs through almost unchanged and the model is its shallow counterpart;
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from pyrogp_models.data.inducing import MAX_DEFAULT_INDUCING
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.models.multitask.data import MINIBATCHES
 
@@ -38,6 +37,9 @@ TOP_MEANS = ("linear", "zero")
 #: Models whose top layer is a GP per task on a latent space (they take the linear top mean).
 TASK_TOPS_ON_LATENTS = ("smdgp", "mmdgp", "idgp")
 COREGIONALISATIONS = ("icm", "lmc")
+#: The most inducing inputs per process by default: every row of the largest task up to this
+#: (where a single-layer model has them all, it is the exact GP and they stay fixed).
+MAX_DEFAULT_TASK_INDUCING = 400
 #: Default (I, J): shared processes and private processes per task of each deep model.
 PROCESS_COUNTS = {"smdgp": (1, 0), "mmdgp": (1, 1), "idgp": (0, 1)}
 
@@ -67,7 +69,9 @@ class MultitaskOptions:
         top_mean: ``"linear"`` (a learned m^t(λ) = λ b^t) or ``"zero"`` for the per-task top
             GPs (None: linear for sMDGP, mMDGP and iDGP, zero for iGP).
         shared_*, private_*, top_*: initial Matérn-5/2 lengthscale and variance.
-        learn_inducing: optimise the inducing inputs; ``jitter``: relative jitter on K_zz.
+        learn_inducing: optimise the inducing inputs (None: unless a single-layer model's
+            inducing inputs are every input it sees, where it is the exact GP:
+            :meth:`.Initialisation.covers`); ``jitter``: relative jitter on K_zz.
     """
 
     likelihood: str = "gaussian"
@@ -79,7 +83,7 @@ class MultitaskOptions:
     private_width: int | None = None
     num_coregional: int | None = None
     coregional_rank: int | None = None
-    coregionalisation: str = "icm"
+    coregionalisation: str = "lmc"
     num_inducing: int | None = None
     num_samples: int = 1
     batch_size: int | None = None
@@ -95,7 +99,7 @@ class MultitaskOptions:
     private_variance: float = 0.005
     top_lengthscale: float = 1.0
     top_variance: float = 1.0
-    learn_inducing: bool = True
+    learn_inducing: bool | None = None
     jitter: float = DEFAULT_JITTER
 
     def __post_init__(self):
@@ -130,12 +134,11 @@ class MultitaskOptions:
                        private_width=self.private_width or inner,
                        num_coregional=self.num_coregional or inner,
                        coregional_rank=self.coregional_rank or min(num_tasks, 2),
-                       top_mean=top_mean)
+                       top_mean=top_mean, learn_inducing=self.learn_inducing is not False)
 
     def with_inducing_for(self, counts: list[int]) -> MultitaskOptions:
         """``num_inducing`` resolved for tasks of ``counts`` rows: the rows of the largest
-        task, at most :data:`~pyrogp_models.data.inducing.MAX_DEFAULT_INDUCING` (unchanged
-        when given)."""
+        task, at most :data:`MAX_DEFAULT_TASK_INDUCING` (unchanged when given)."""
         if self.num_inducing is not None:
             return self
-        return replace(self, num_inducing=max(1, min(max(counts), MAX_DEFAULT_INDUCING)))
+        return replace(self, num_inducing=max(1, min(max(counts), MAX_DEFAULT_TASK_INDUCING)))
