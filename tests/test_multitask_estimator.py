@@ -77,7 +77,8 @@ def test_single_layer_models_with_every_input_inducing_keep_them_fixed_and_are_t
     """Where M covers the distinct inputs (the default when the largest task has them all),
     k-means puts a centre on each: iGP and the LMC cGP are then the exact GP — at the optimal
     q (one unit natural-gradient step) the ELBO is the exact log marginal likelihood of the
-    heterotopic data — and their inducing inputs stay fixed; with one fewer they are learned."""
+    heterotopic data — and their inducing inputs stay fixed (in float32 too); with one fewer
+    they are learned."""
     x = torch.linspace(-1.5, 1.5, 10, dtype=torch.float64)[:, None]
     X = torch.cat([x, x[:7]])
     task = torch.cat([torch.zeros(10), torch.ones(7)]).long()
@@ -92,8 +93,7 @@ def test_single_layer_models_with_every_input_inducing_keep_them_fixed_and_are_t
         with torch.no_grad():
             gram = layer.kernel(X[None, None], X[None, None])[:, 0]           # [B, N, N]
             if kind == "igp":
-                covariance = torch.stack([gram[t, n] for n, t in enumerate(task.tolist())])
-                covariance = covariance * (task[:, None] == task[None, :])
+                covariance = gram[task, torch.arange(17)] * (task[:, None] == task[None, :])
             else:
                 mixing = model.top.mixing[task]                                   # [N, R]
                 covariance = torch.einsum("nr,mr,rnm->nm", mixing, mixing,
@@ -101,6 +101,8 @@ def test_single_layer_models_with_every_input_inducing_keep_them_fixed_and_are_t
             covariance = covariance + torch.diag(model.likelihood.variance[task])
             exact = MultivariateNormal(torch.zeros(17, dtype=X.dtype), covariance).log_prob(y)
             assert float(model.elbo()) == pytest.approx(float(exact), abs=1e-6)
+        single = TaskData.from_long(X, task, y, 2, dtype=torch.float32)
+        assert build_model(kind, single).options.learn_inducing is False      # float32 too
         fewer = build_model(kind, data, MultitaskOptions(num_inducing=9))
         assert fewer.options.learn_inducing is True
         assert "inducing_unit_unconstrained" in dict(fewer.top.layer.named_parameters())

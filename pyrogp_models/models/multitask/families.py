@@ -17,7 +17,6 @@ kind       inner layer (latent space λ^t)                          top layer
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 
@@ -198,8 +197,4 @@ def build_model(kind: str, data, options: MultitaskOptions | None = None,
     options = (options or MultitaskOptions()).with_inducing_for(
         torch.bincount(data.task, minlength=data.num_tasks).tolist())
     init = Initialisation.from_data(data, options.num_inducing, inducing_init, generator)
-    if options.learn_inducing is None:
-        on_inputs = MODELS[kind].inducing_on_inputs
-        exact = on_inputs is not None and init.covers(data, per_task=on_inputs == "task")
-        options = replace(options, learn_inducing=not exact)
     return MODELS[kind](options, init, data, name)

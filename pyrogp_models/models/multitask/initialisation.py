@@ -23,8 +23,9 @@ import torch
 from pyrogp_models.data.inducing import init_inducing
 from pyrogp_models.models.multitask.data import TaskData, TaskLayout
 
-#: Distance (model units) within which an input counts as an inducing input.
-COVER_TOLERANCE = 1e-9
+#: Rounding units (of the dtype, times 1 + |x|) within which an input counts as an inducing
+#: input: a k-means centre on duplicated inputs is their mean.
+COVER_ULPS = 64
 
 
 @dataclass
@@ -69,18 +70,18 @@ class Initialisation:
 
     def covers(self, data: TaskData, per_task: bool) -> bool:
         """Whether every input is one of the inducing inputs of the GP that sees it: task t's
-        (Z^t, ``per_task``) or the shared set's (every task's inputs); up to rounding
-        (:data:`COVER_TOLERANCE`, in model units: a k-means centre on duplicated inputs is
-        their mean)."""
+        (Z^t, ``per_task``) or the shared set's (every task's inputs), up to rounding
+        (:data:`COVER_ULPS`)."""
         exact = "donot_use_mm_for_euclid_dist"     # no |x|² − 2x·z + |z|² cancellation
         if per_task:
             layout = TaskLayout.of(data.task, data.num_tasks)
-            distances = torch.cdist(layout.gather(data.X, 1), self.inducing,
-                                    compute_mode=exact)                         # [T, P, M]
-            nearest = distances.amin(-1).masked_fill(~layout.mask, 0.0)
+            points, inducing, real = layout.gather(data.X, 1), self.inducing, layout.mask
         else:
-            nearest = torch.cdist(data.X, self.shared_inducing, compute_mode=exact).amin(-1)
-        return bool((nearest <= COVER_TOLERANCE).all())
+            points, inducing, real = data.X, self.shared_inducing, None
+        nearest = torch.cdist(points, inducing, compute_mode=exact).amin(-1)
+        rounding = COVER_ULPS * torch.finfo(points.dtype).eps * (1 + points.abs().amax(-1))
+        covered = nearest <= rounding
+        return bool(covered.all() if real is None else (covered | ~real).all())
 
     def mean_weights(self, width: int) -> torch.Tensor:
         """The fixed linear mean x ↦ xW of an inner process with ``width`` outputs: W [D, width]."""

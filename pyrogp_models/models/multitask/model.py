@@ -87,12 +87,23 @@ class MultitaskGP(PyroModule):
         self.num_tasks, self.input_dim = init.num_tasks, init.input_dim
         if options.num_inducing is None:
             options = replace(options, num_inducing=init.inducing.shape[-2])
-        self.options = options.resolved(self.kind, self.num_tasks, self.input_dim)
+        options = options.resolved(self.kind, self.num_tasks, self.input_dim)
+        if options.learn_inducing is None:
+            options = replace(options, learn_inducing=not self.exact_at(init, data))
+        self.options = options
         dtype, device = init.inducing.dtype, init.inducing.device
         self.likelihood = make_likelihood(self.options.likelihood, (self.num_tasks,), dtype,
                                           device, **self.options.likelihood_options)
         self.latent, self.top = self.build_layers(self.options, init)
         self.bind(data)
+
+    @classmethod
+    def exact_at(cls, init: Initialisation, data: TaskData | None) -> bool:
+        """Whether the model is the exact GP on ``data`` from ``init``: a single-layer model
+        whose inducing inputs are every input its GPs see (:meth:`Initialisation.covers`)."""
+        if cls.inducing_on_inputs is None or data is None:
+            return False
+        return init.covers(data, per_task=cls.inducing_on_inputs == "task")
 
     def bind(self, data: TaskData | None) -> None:
         """Bind training data (model units) as non-persistent buffers ``data_X``, ``data_task``,

@@ -71,7 +71,7 @@ class MultitaskOptions:
         shared_*, private_*, top_*: initial Matérn-5/2 lengthscale and variance.
         learn_inducing: optimise the inducing inputs (None: unless a single-layer model's
             inducing inputs are every input it sees, where it is the exact GP:
-            :meth:`.Initialisation.covers`); ``jitter``: relative jitter on K_zz.
+            :meth:`.MultitaskGP.exact_at`); ``jitter``: relative jitter on K_zz.
     """
 
     likelihood: str = "gaussian"
@@ -134,7 +134,7 @@ class MultitaskOptions:
                        private_width=self.private_width or inner,
                        num_coregional=self.num_coregional or inner,
                        coregional_rank=self.coregional_rank or min(num_tasks, 2),
-                       top_mean=top_mean, learn_inducing=self.learn_inducing is not False)
+                       top_mean=top_mean)
 
     def with_inducing_for(self, counts: list[int]) -> MultitaskOptions:
         """``num_inducing`` resolved for tasks of ``counts`` rows: the rows of the largest
