@@ -30,9 +30,12 @@ that would lower its objective is not taken and halves the size, a step taken do
 is batched over members with ``torch.where``: no value is read back to the host.
 
 A model declares its layers' objectives by ``natural_gradient_objectives()``: a list of
-(layer, objective) pairs, objective ``None`` for a conjugate layer, a callable returning the
-per-member objective (broadcastable to the layer's batch shape), or :data:`OPTIMISER` for a layer
-whose q(v) the optimiser takes with the other parameters (e.g. the inner layers of a deep GP).
+(layer, objective) pairs, objective ``None`` for a conjugate layer, a
+:class:`~pyrogp_models.layers.ClosedFormGradients` for a conjugate layer whose data term E the
+model differentiates itself (g = ∂E/∂m, G_E = ∂E/∂S; the whitened KL adds −m and ½(S⁻¹ − I):
+no evaluation of the loss and no backward pass), a callable returning the per-member objective
+(broadcastable to the layer's batch shape), or :data:`OPTIMISER` for a layer whose q(v) the
+optimiser takes with the other parameters (e.g. the inner layers of a deep GP).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import torch
 from pyrogp_models.inference.protocols import NaturalGradientLayers
 
 from pyrogp_models.gaussian.linalg import inverse_cholesky, triangular_solve
-from pyrogp_models.layers import SparseGPLayer, variational_layers
+from pyrogp_models.layers import ClosedFormGradients, SparseGPLayer, variational_layers
 
 #: Relative decrease of a member's objective that the safeguard treats as rounding.
 OBJECTIVE_TOLERANCE = 1e-12
@@ -51,7 +54,7 @@ OBJECTIVE_TOLERANCE = 1e-12
 #: The declared objective of a layer left to the optimiser (no natural-gradient step).
 OPTIMISER = "optimiser"
 
-Objective = Callable[[], torch.Tensor] | None
+Objective = Callable[[], torch.Tensor] | ClosedFormGradients | None
 
 
 class NaturalGradient:
@@ -68,11 +71,20 @@ class NaturalGradient:
         self.steps: dict[int, torch.Tensor] = {}  # per safeguarded layer: step size per member
 
     def __call__(self, loss_fn: Callable[[], torch.Tensor]) -> None:
-        loss = loss_fn()
-        grads = torch.autograd.grad(loss, self.parameters)
-        with torch.no_grad():
-            for (layer, objective), mean_grad, sqrt_grad in zip(
-                    self.targets, grads[0::2], grads[1::2], strict=True):
+        """One step on every target layer; ``loss_fn`` (−L) is evaluated and differentiated only
+        if a layer's gradients are not declared in closed form."""
+        by_autograd = [(layer, objective) for layer, objective in self.targets
+                       if not isinstance(objective, ClosedFormGradients)]
+        grads = iter(torch.autograd.grad(
+            loss_fn(), [p for layer, _ in by_autograd for p in layer.variational_parameters()])
+            if by_autograd else ())
+        for layer, objective in self.targets:
+            if isinstance(objective, ClosedFormGradients):
+                with torch.no_grad():
+                    self._step(layer, None, closed_form_direction(layer, objective))
+                continue
+            mean_grad, sqrt_grad = next(grads), next(grads)
+            with torch.no_grad():
                 # the loss is −L; q_mean is unconstrained
                 direction = (-mean_grad, -covariance_gradient(layer.q_sqrt, sqrt_grad))
                 self._step(layer, objective, direction)
@@ -147,6 +159,17 @@ def _assign(layer: SparseGPLayer, take: torch.Tensor, new: tuple, old: tuple) ->
 def _flat_mean(layer: SparseGPLayer, mean: torch.Tensor) -> torch.Tensor:
     """q_mean [*B, M] (or its gradient) as the [T] mean of a joint q; as it is for mean-field."""
     return mean.reshape(-1) if layer.covariance == "joint" else mean
+
+
+def closed_form_direction(layer: SparseGPLayer, objective: ClosedFormGradients
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(∂L/∂m, ∂L/∂S) from the data term's declared gradients and the whitened KL's:
+    ∂(−KL)/∂m = −m, ∂(−KL)/∂S = ½(S⁻¹ − I)."""
+    data_mean, data_cov = objective.gradients()
+    chol = layer.q_sqrt
+    identity = torch.eye(chol.shape[-1], dtype=chol.dtype, device=chol.device)
+    return (data_mean - layer.q_mean.reshape(data_mean.shape),
+            data_cov + 0.5 * (torch.cholesky_inverse(chol) - identity))
 
 
 def covariance_gradient(chol: torch.Tensor, raw_gradient: torch.Tensor) -> torch.Tensor:

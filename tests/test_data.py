@@ -1,6 +1,7 @@
 """Loading tables, checking values, choosing columns and standardising."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -43,6 +44,17 @@ def test_csv_tolerates_spaces_blank_lines_and_a_byte_order_mark(tmp_path):
     np.testing.assert_array_equal(table.values, [[1.0, 2.0], [3.0, 4.0]])
 
 
+def test_empty_csv_cells_are_missing_values_that_the_column_checks_name(tmp_path):
+    gaps = load_table(write(tmp_path / "gaps.csv", "x,y\n1,2\n3, \n,6\n"))
+    np.testing.assert_array_equal(np.isnan(gaps.values), [[0, 0], [0, 1], [1, 0]])
+    for text, message in (
+        ("x,y\n1,2\n3, \n5,6\n", "column 'y' contains NaN or inf (first at row 2)"),
+        ("x,y\n1,2\n3,4\n,6\n", "column 'x' contains NaN or inf (first at row 3)"),
+    ):
+        with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
+            split_features_target(load_table(write(tmp_path / "one.csv", text)), "y")
+
+
 def test_npz_round_trip(tmp_path):
     path = tmp_path / "data.npz"
     a = np.arange(4.0)
@@ -61,7 +73,6 @@ def test_npz_round_trip(tmp_path):
         ("empty.csv", "", "empty file"),
         ("header.csv", "a,b\n", "no data rows"),
         ("words.csv", "a,b\n1,2\n3,oops\n", "non-numeric value 'oops' in column 'b' at row 2"),
-        ("blank.csv", "a,b\n1,\n", "non-numeric value '' in column 'b' at row 1"),
         ("ragged.csv", "a,b\n1,2\n3,4,5\n", "row 2 .*has 3 values but the header has 2"),
         ("twice.csv", "a,a\n1,2\n", "duplicate column names: a"),
         ("data.txt", "a\n1\n", "unknown data file extension '.txt'"),

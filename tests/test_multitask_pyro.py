@@ -19,11 +19,12 @@ import pytest
 import torch
 from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
 from pyrogp_models.inference.multitask_fit import MultitaskFit, MultitaskSpec, fit_multitask_dgp
-from pyrogp_models.inference.natural_gradient import NaturalGradient
+from pyrogp_models.inference.natural_gradient import NaturalGradient, covariance_gradient
 from pyrogp_models.inference.trainer import TrainConfig, train
 
 from helpers import ROOT
-from multitask_helpers import toy_model
+from multitask_helpers import randomise, toy_model
+from pyrogp_models.layers import ClosedFormGradients
 from pyrogp_models.models.multitask import MODELS, toy_grid, toy_tasks
 
 STEPS, LR = 25, 0.01
@@ -71,10 +72,32 @@ def test_natural_gradients_step_a_deep_gps_gaussian_top_layer_only():
     before = inner.q_mean.detach().clone()
     noise = torch.randn(1, len(model.data_y), model.latent.noise_width)
     start = float(model.elbo(noise=noise))
-    step(lambda: -model.elbo(noise=noise))        # a unit step: the optimum for these draws
+    step(lambda: -model.elbo(noise=noise))   # a unit step to the optimum for its own draws
     assert float(model.elbo(noise=noise)) > start and torch.equal(inner.q_mean, before)
     with pytest.raises(ValueError, match="need a Gaussian likelihood"):
         NaturalGradient(toy_model("smdgp", likelihood="bernoulli"), 1.0)
+
+
+@pytest.mark.parametrize("kind", ["igp", "cgp", "smdgp", "mmdgp", "cmdgp"])
+def test_closed_form_top_layer_gradients_are_autograds_of_the_data_term(kind):
+    """The natural-gradient step's declared ∂E/∂m and ∂E/∂S of the top layer's q(v) equal
+    autograd's of the data term on the same draws (off the prior, with a non-zero linear top
+    mean where the model has one)."""
+    model = randomise(toy_model(kind, num_samples=3))
+    if getattr(model.top, "mean_weights", None) is not None:
+        with torch.no_grad():
+            model.top.mean_weights.copy_(torch.randn(model.top.mean_weights.shape))
+    layer = model.top.layer
+    torch.manual_seed(5)
+    by_mean, by_cov = model.top_data_gradients()
+    torch.manual_seed(5)
+    data = model.data_terms(model.draw_batch()).sum()
+    mean_grad, sqrt_grad = torch.autograd.grad(data, layer.variational_parameters())
+    torch.testing.assert_close(by_mean.reshape(-1), mean_grad.reshape(-1), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(by_cov, covariance_gradient(layer.q_sqrt.detach(), sqrt_grad),
+                               rtol=1e-10, atol=1e-10)
+    [(top, declared)] = [(t, o) for t, o in NaturalGradient(model, 1.0).targets]
+    assert top is layer and isinstance(declared, ClosedFormGradients)
 
 
 def test_a_unit_natural_step_puts_gaussian_igp_at_its_optimum():

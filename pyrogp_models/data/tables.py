@@ -56,7 +56,9 @@ class Table:
 def load_table(path: str | Path) -> Table:
     """Read a CSV file with a header row, or an ``.npz`` file of arrays, into a ``Table``.
 
-    NaN and inf are kept: callers check the columns they use with ``require_finite``.
+    NaN and inf are kept, and an empty CSV cell (how pandas and spreadsheets write a missing
+    value) is read as NaN: callers check the columns they use with ``require_finite``; a
+    wide-form multitask table reads NaN as an output not observed on that row.
     """
     path = Path(path)
     if not path.is_file():
@@ -84,6 +86,7 @@ def _load_csv(path: Path) -> Table:
                 f"{path}: row {row_number} (line {line_number}) has {len(row)} values "
                 f"but the header has {len(columns)} columns"
             )
+    body = [(number, [cell if cell.strip() else "nan" for cell in row]) for number, row in body]
     try:
         values = np.array([row for _, row in body], dtype=np.float64)
     except ValueError:

@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from pyrogp_models.layers import ClosedFormGradients
 from pyrogp_models.models.multitask.initialisation import Initialisation
 from pyrogp_models.models.multitask.model import MultitaskGP
 from pyrogp_models.models.multitask.options import MultitaskOptions
@@ -158,9 +159,11 @@ class IGP(MultitaskGP):
         return self.data_terms() - self.top.task_kl()
 
     def natural_gradient_objectives(self) -> list:
-        """The top layer, conjugate for a Gaussian likelihood, else safeguarded per task."""
+        """The top layer, conjugate for a Gaussian likelihood (its gradients in closed form),
+        else safeguarded per task."""
         gaussian = self.likelihood.name == "gaussian"
-        return [(self.top.layer, None if gaussian else self.task_elbos)]
+        return [(self.top.layer, ClosedFormGradients(self.top_data_gradients) if gaussian
+                 else self.task_elbos)]
 
 
 class CGP(MultitaskGP):
@@ -176,11 +179,12 @@ class CGP(MultitaskGP):
 
     def natural_gradient_objectives(self) -> list:
         """The R latent GPs are coupled through the mixing: with one joint q over them and a
-        Gaussian likelihood the top layer is conjugate; otherwise every step is safeguarded by
-        the whole ELBO."""
+        Gaussian likelihood the top layer is conjugate (its gradients in closed form);
+        otherwise every step is safeguarded by the whole ELBO."""
         conjugate = (self.likelihood.name == "gaussian"
                      and self.top.layer.covariance == "joint")
-        return [(self.top.layer, None if conjugate else self.elbo)]
+        return [(self.top.layer, ClosedFormGradients(self.top_data_gradients) if conjugate
+                 else self.elbo)]
 
 
 #: The model classes by kind.

@@ -38,7 +38,7 @@ import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule, pyro_method
 
-from pyrogp_models.layers import SparseGPLayer, unique_name
+from pyrogp_models.layers import ClosedFormGradients, SparseGPLayer, unique_name
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.multitask.data import (
     TaskBatch,
@@ -288,12 +288,35 @@ class MultitaskGP(PyroModule):
         return TaskSelected(self.likelihood, f, tasks)
 
     # Natural gradients ------------------------------------------------------------------------
+    def top_data_gradients(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(∂E/∂m, ∂E/∂S) of the data term E of eq. (9) on a batch (:meth:`draw_batch`, fresh
+        draws of λ) with respect to the top layer's whitened q(v) = N(m, S), in closed form for a
+        Gaussian likelihood: E is quadratic in the marginal means and linear in their variances,
+        so the gradients are sums over the rows (the top layer's ``data_gradients``) of
+        ∂E/∂μ_n = w_n(y_n − μ_n)/σ_t² and ∂E/∂σ_n² = −w_n/(2σ_t²), no backward pass through the
+        layers."""
+        batch = self.draw_batch()
+        X, y = self.data_X[batch.rows], self.data_y[batch.rows]
+        noise = self.draw_noise(self.options.num_samples, batch.rows.shape, X)
+
+        def derivatives(mean: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            with torch.enable_grad():
+                mean = mean.detach().requires_grad_()
+                var = torch.zeros_like(mean, requires_grad=True)
+                data = (self.likelihood.expected_log_prob(y, mean, var).mean(0)
+                        * batch.weights).sum()
+                return torch.autograd.grad(data, (mean, var))
+
+        with torch.no_grad():
+            return self.top.data_gradients(self.latent_draws(X, noise), derivatives)
+
     def natural_gradient_objectives(self) -> list:
         """With a Gaussian likelihood and a GP per task (or a joint q) on top, the top layer:
         given the draws
         of λ the ELBO is a concave quadratic in its q(u) (a unit step is that draw's optimum);
         the inner layers are left to the optimiser (objective ``"optimiser"``, the natural-
-        gradient hook's ``OPTIMISER``). Raises ``ValueError`` otherwise."""
+        gradient hook's ``OPTIMISER``); the top layer's gradients are given in closed form
+        (:meth:`top_data_gradients`). Raises ``ValueError`` otherwise."""
         conjugate_top = (isinstance(self.top, TaskGPs)
                          or self.top.layer.covariance == "joint")
         if self.likelihood.name != "gaussian" or not conjugate_top:
@@ -301,7 +324,7 @@ class MultitaskGP(PyroModule):
                              "likelihood and a top layer conjugate in its q(u); train with "
                              "natural_gradient_lr=None")
         inner = [(block.layer, "optimiser") for _, block in self.latent.blocks()]
-        return [*inner, (self.top.layer, None)]
+        return [*inner, (self.top.layer, ClosedFormGradients(self.top_data_gradients))]
 
     # State --------------------------------------------------------------------------------------
     def to_state(self) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -19,12 +19,17 @@ whitened inducing draws; λ arrives in the per-task layout [..., T', P, D^λ], r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from pyro.nn import PyroModule, PyroParam
 
 from pyrogp_models.layers import SparseGPLayer
 from pyrogp_models.likelihoods import latent_layout
 from pyrogp_models.models.multitask.kernel import process_kernel
+
+#: Means of the marginals [..., T, P] → (∂E/∂μ, ∂E/∂σ²) [..., T, P] of a data term E.
+Derivatives = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class TaskGPs(PyroModule):
@@ -56,6 +61,21 @@ class TaskGPs(PyroModule):
         """q(f^t) at λ [..., T', P, D^λ] (eq. 21, given λ): mean and variance [..., T, P(, L)]."""
         mean, var = self.layer.marginals(latent.unsqueeze(-3))
         return latent_layout(mean + self.mean(latent)), latent_layout(var)
+
+    def data_gradients(self, latent: torch.Tensor, derivatives: Derivatives
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(∂E/∂m, ∂E/∂S) [T, 1, M(, M)] of a data term E of the marginals at λ [..., T, P, D^λ]
+        (L = 1) that is quadratic in their means and linear in their variances: with
+        μ_n = a_nᵀm + m^t(λ_n) and σ_n² = a_nᵀSa_n + …, ∂E/∂m = Σ_n a_n ∂E/∂μ_n and
+        ∂E/∂S = Σ_n a_n a_nᵀ ∂E/∂σ_n², a_n = chol(K_zz)⁻¹k(Z, λ_n) (summed over the draws).
+        ``derivatives`` maps the means [..., T, P] to (∂E/∂μ, ∂E/∂σ²) [..., T, P]."""
+        A = self.layer.projection(latent.unsqueeze(-3))                    # [..., T, 1, M, P]
+        mean = (A.mT @ self.layer.q_mean.unsqueeze(-1)).squeeze(-1) + self.mean(latent)
+        by_mean, by_var = (d.reshape(-1, *d.shape[-2:]).unsqueeze(-2)    # [S, T, 1, P]
+                           for d in derivatives(latent_layout(mean)))
+        A = A.reshape(-1, *A.shape[-4:])
+        return ((A @ by_mean.unsqueeze(-1)).squeeze(-1).sum(0),
+                ((A * by_var.unsqueeze(-2)) @ A.mT).sum(0))
 
     def conditional(self, whitened: torch.Tensor, latent: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,11 +145,30 @@ class CoregionalisedGP(PyroModule):
         mean = (A.mT @ self.layer.q_mean.unsqueeze(-1)).squeeze(-1)        # [..., R, L, n]
         prior = (self.layer.kernel.diag(points) - A.square().sum(-2)).clamp_min(0.0)
         mean, prior = self._mix(mean, prior.expand_as(mean), latent)       # [..., T, P(, L)]
+        b = self._mixed_projection(A, latent)
+        return mean, prior + (b @ self.layer.q_sqrt).square().sum(-1)
+
+    def data_gradients(self, latent: torch.Tensor, derivatives: Derivatives
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(∂E/∂m [R·M], ∂E/∂S [R·M, R·M]) of the joint q for a data term E of the marginals at
+        λ [..., T', P, D^λ] that is quadratic in their means and linear in their variances:
+        with μ = bᵀm and σ² = bᵀSb + …, b = (W_tr a_r)_r, ∂E/∂m = Σ_n b_n ∂E/∂μ_n and
+        ∂E/∂S = Σ_n b_n b_nᵀ ∂E/∂σ_n² (summed over the draws). ``derivatives`` maps the means
+        [..., T, P] to (∂E/∂μ, ∂E/∂σ²) [..., T, P]."""
+        A = self.layer.projection(self._points(latent))
+        b = self._mixed_projection(A.expand(*A.shape[:-4], *self.layer.batch_shape,
+                                            *A.shape[-2:]), latent)      # [..., T, P, R·M]
+        by_mean, by_var = derivatives(b @ self.layer.q_mean.reshape(-1))
+        b = b.reshape(-1, b.shape[-1])
+        return (by_mean.reshape(-1) @ b, (b * by_var.reshape(-1, 1)).mT @ b)
+
+    def _mixed_projection(self, A: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        """b_n = (W_tr a_r(λ_n))_r [..., T, P, R·L·M] from A [..., R, L, M, T'·P]: the
+        marginals are μ = bᵀm and σ² = Σ_r W_tr²(k − ‖a_r‖²) + ‖L_qᵀb‖² for a joint q."""
         tasks, slots = self.mixing.shape[0], latent.shape[-2]
         a = A.unflatten(-1, latent.shape[-3:-1]).movedim(-1, -5).movedim(-1, -5)
         a = a.expand(*a.shape[:-5], tasks, slots, *a.shape[-3:])           # [..., T, P, R, L, M]
-        b = (a * self.mixing[:, None, :, None, None]).flatten(-3)          # [..., T, P, R·L·M]
-        return mean, prior + (b @ self.layer.q_sqrt).square().sum(-1)
+        return (a * self.mixing[:, None, :, None, None]).flatten(-3)
 
     def conditional(self, whitened: torch.Tensor, latent: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
