@@ -7,8 +7,9 @@ inducing inputs, M per process from the tasks' rows, fixed linear inner means) a
 the library's trainer (:func:`pyrogp_models.inference.trainer.train`):
 
 - a single-layer model (iGP, cGP) whose ELBO is deterministic (full batch, closed-form or
-  quadrature expectations) by L-BFGS until its ELBO stops changing; with a Monte Carlo objective
-  by Adam with natural-gradient steps on q(u);
+  quadrature expectations) by L-BFGS until its ELBO stops changing (with a Gaussian likelihood
+  on Titsias' collapsed bound, q(u) at its optimum); with a Monte Carlo objective by Adam with
+  natural-gradient steps on q(u);
 - a deep model (sMDGP, mMDGP, iDGP, cMDGP) first fits the shallow model it contains (iGP; cGP for
   cMDGP) that way, starts from it (:func:`~pyrogp_models.models.multitask.warm_start.embed_shallow`:
   the same predictions, the inner layer at its prior) and trains by Adam — with
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 from pyrogp_models.inference.fit_result import Fit
+from pyrogp_models.inference.natural_gradient import NaturalGradient
 from pyrogp_models.inference.train_config import (
     MULTITASK_DEEP_CONFIG,
     MULTITASK_SHALLOW_CONFIG,
@@ -135,18 +137,15 @@ def default_config(spec: MultitaskSpec) -> TrainConfig:
 
     - deterministic single-layer objective: L-BFGS (lr 1, strong Wolfe), at most 500 steps of 20
       iterations, converged when the ELBO changes by < 1e-7 relative over 2 steps; with a
-      Gaussian likelihood a unit natural-gradient step puts q(u) at its optimum before every
-      evaluation (iGP's q per task, cGP's joint q over its latent GPs), so L-BFGS minimises the
-      collapsed bound of the hyperparameters;
+      Gaussian likelihood on the collapsed bound of the hyperparameters (iGP's per task, cGP's
+      over the joint q of its latent GPs; :meth:`MultitaskGP.collapsed_bound`), q(u) set to its
+      optimum at the end;
     - otherwise Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of 100
       steps changes by < 1e-5 relative beyond twice its standard error, with natural-gradient
       steps on q(u) (γ = 1 for a single-layer model; 0.1 on a deep model's top layer where the
       likelihood is Gaussian)."""
     if deterministic_objective(spec, spec.model):
-        config = MULTITASK_SHALLOW_CONFIG
-        if spec.likelihood == "gaussian":
-            return replace(config, natural_gradient_lr=1.0, hooks_in_closure=True)
-        return config
+        return MULTITASK_SHALLOW_CONFIG
     config = MULTITASK_DEEP_CONFIG
     if spec.model in CONTAINED.values():
         return replace(config, natural_gradient_lr=1.0)
@@ -219,11 +218,11 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
                               torch.Generator(device=spec.device).manual_seed(seed))
         shallow_config = replace(default_config(shallow_spec), seed=config.seed,
                                  progress=config.progress)
-        phases.append(_phase(shallow, train(shallow, config=shallow_config)))
+        phases.append(_phase(shallow, _train(shallow, shallow_config)))
         embed_shallow(model, shallow, SWITCHED_OFF)
         reference = {key: value.clone() for key, value in model.state_dict().items()}
         embed_shallow(model, shallow)
-    result = train(model, config=config)
+    result = _train(model, config)
     phases.append(_phase(model, result))
     kept = spec.model
     if reference is not None:
@@ -236,6 +235,19 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     predictor = MultitaskPredictor(model, standardisation, spec.predictive_samples, seed)
     return MultitaskFit(model, result, predictor, standardisation, spec, model_data,
                         estimate_elbo(model, seed=seed), phases, kept)
+
+
+def _train(model: MultitaskGP, config: TrainConfig) -> TrainResult:
+    """:func:`train`; a collapsible model (single layer, Gaussian, all rows) trained by L-BFGS
+    trains on its collapsed bound — the ELBO at the optimal q(u) for every hyperparameter, no
+    natural-gradient step per evaluation — and ends with q(u) at that optimum."""
+    if not (model.collapsible and config.optimizer == "lbfgs"):
+        return train(model, config=config)
+    with model.collapsed_objective():
+        result = train(model, config=replace(config, natural_gradient_lr=None,
+                                             hooks_in_closure=False))
+    NaturalGradient(model, 1.0)(lambda: -model.elbo())  # closed form: the loss is not evaluated
+    return result
 
 
 def _phase(model: MultitaskGP, result: TrainResult) -> Phase:

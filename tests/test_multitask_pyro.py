@@ -100,6 +100,26 @@ def test_closed_form_top_layer_gradients_are_autograds_of_the_data_term(kind):
     assert top is layer and isinstance(declared, ClosedFormGradients)
 
 
+@pytest.mark.parametrize("kind", ["igp", "cgp"])
+def test_the_collapsed_bound_is_the_elbo_at_the_optimal_q(kind):
+    """Titsias' bound of a single-layer Gaussian model equals its ELBO once a unit natural step
+    has put q(v) at the optimum, and no other q(v) beats it; with tasks of different sizes (padded
+    slots) its gradient is finite."""
+    model = randomise(toy_model(kind, gap=(0.3, 0.6), coregionalisation="lmc"))
+    assert not bool(model.data_mask.all())                       # padded slots exist
+    bound = model.collapsed_bound()
+    hyper = [p for name, p in model.named_parameters() if "q_" not in name]
+    assert all(bool(torch.isfinite(g).all()) for g in torch.autograd.grad(bound, hyper))
+    assert float(model.elbo()) < float(bound) - 1e-3               # randomised q: below it
+    NaturalGradient(model, 1.0)(lambda: -model.elbo())
+    assert float(model.elbo()) == pytest.approx(float(bound), rel=1e-10, abs=1e-10)
+    with model.collapsed_objective():
+        assert not any(p.requires_grad for p in model.top.layer.variational_parameters())
+        loss = TraceMeanField_ELBO().differentiable_loss(model.model, model.guide)
+        assert float(loss) == pytest.approx(-float(bound), rel=1e-12)
+    assert all(p.requires_grad for p in model.top.layer.variational_parameters())
+
+
 def test_a_unit_natural_step_puts_gaussian_igp_at_its_optimum():
     model = toy_model("igp")
     step = NaturalGradient(model, 1.0)

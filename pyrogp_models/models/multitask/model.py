@@ -30,6 +30,7 @@ rows, ε, softmax draws) comes from torch's global generator: ``pyro.set_rng_see
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import ClassVar
 
@@ -38,6 +39,7 @@ import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule, pyro_method
 
+from pyrogp_models.gaussian.collapsed_bound import collapsed_bound
 from pyrogp_models.layers import ClosedFormGradients, SparseGPLayer, unique_name
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.multitask.data import (
@@ -95,6 +97,7 @@ class MultitaskGP(PyroModule):
         self.likelihood = make_likelihood(self.options.likelihood, (self.num_tasks,), dtype,
                                           device, **self.options.likelihood_options)
         self.latent, self.top = self.build_layers(self.options, init)
+        self.collapsed = False  # see collapsed_objective()
         self.bind(data)
 
     @classmethod
@@ -233,17 +236,72 @@ class MultitaskGP(PyroModule):
         return stratified_batch(self.data_layout(), -(-size // self.num_tasks),
                                 self.data_X.dtype)
 
+    # The collapsed bound ----------------------------------------------------------------------
+    @property
+    def collapsible(self) -> bool:
+        """Whether the ELBO has a closed-form optimum in the top layer's q(v): a single-layer
+        model with a Gaussian likelihood (a q per task, or one joint q for a coregionalised GP)
+        on all rows."""
+        return (not self.is_deep and self.likelihood.name == "gaussian"
+                and self.options.batch_size is None
+                and (isinstance(self.top, TaskGPs) or self.top.layer.covariance == "joint"))
+
+    def collapsed_bound(self) -> torch.Tensor:
+        """Titsias' bound on all rows: the ELBO (eq. 9) at the top layer's optimal q(v) for the
+        current hyperparameters (:func:`~pyrogp_models.gaussian.collapsed_bound.collapsed_bound`
+        of the top layer's features; one bound per task for a GP per task, one for a
+        coregionalised GP)."""
+        if not self.collapsible:
+            raise ValueError(f"this {self.kind} has no collapsed bound (it needs a single "
+                             "layer, a Gaussian likelihood and all rows)")
+        batch = self.full_batch()
+        X, y = self.data_X[batch.rows], self.data_y[batch.rows]
+        features, offset, unexplained = self.top.features(X.unsqueeze(0))
+        terms = (features.squeeze(0), (y - offset).reshape(y.shape), batch.weights,
+                 self.likelihood.variance.unsqueeze(-1).expand_as(y),
+                 unexplained.reshape(y.shape))
+        if isinstance(self.top, CoregionalisedGP):  # one joint q: every row of every task
+            terms = (terms[0].flatten(0, 1), *(term.flatten() for term in terms[1:]))
+        return collapsed_bound(*terms).sum()
+
+    @contextmanager
+    def collapsed_objective(self):
+        """Within: the Pyro model is the collapsed bound (its only factor), the guide is empty
+        and the top layer's q(v) is no training parameter (``requires_grad`` off), so that an
+        optimiser of the hyperparameters sees q(v) at its optimum throughout. q(v) itself is
+        left as it was: a unit natural-gradient step puts it at the optimum."""
+        if not self.collapsible:
+            self.collapsed_bound()  # raises, naming why
+        parameters = self.top.layer.variational_parameters()
+        learned = [parameter.requires_grad for parameter in parameters]
+        self.collapsed = True
+        for parameter in parameters:
+            parameter.requires_grad_(False)
+        try:
+            yield self
+        finally:
+            self.collapsed = False
+            for parameter, flag in zip(parameters, learned, strict=True):
+                parameter.requires_grad_(flag)
+
     # Pyro model / guide -----------------------------------------------------------------------
     @pyro_method
     def model(self):
-        """Whitened priors v ~ N(0, I) of every layer; the scaled data term as a factor."""
+        """Whitened priors v ~ N(0, I) of every layer; the scaled data term as a factor (within
+        :meth:`collapsed_objective`: Titsias' bound as the only factor)."""
+        if self.collapsed:
+            pyro.factor(self._pyro_get_fullname("collapsed"), self.collapsed_bound())
+            return
         for name, layer in self.variational_sites():
             layer.sample(self._pyro_get_fullname(name), posterior=False)
         pyro.factor(self._pyro_get_fullname("data"), self.data_terms(self.draw_batch()).sum())
 
     @pyro_method
     def guide(self, *args, **kwargs):
-        """q(v) of every layer. Arguments of the model are accepted and ignored."""
+        """q(v) of every layer (nothing within :meth:`collapsed_objective`). Arguments of the
+        model are accepted and ignored."""
+        if self.collapsed:
+            return
         for name, layer in self.variational_sites():
             layer.sample(self._pyro_get_fullname(name), posterior=True)
 

@@ -62,20 +62,29 @@ class TaskGPs(PyroModule):
         mean, var = self.layer.marginals(latent.unsqueeze(-3))
         return latent_layout(mean + self.mean(latent)), latent_layout(var)
 
+    def features(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every task's marginals at λ [..., T', P, D^λ] (L = 1) as μ = φᵀm^t + m^t(λ) and
+        σ² = φᵀS^tφ + d: the whitened features φ = chol(K_zz)⁻¹k(Z, λ) [..., T, P, M], the mean
+        offset m^t(λ) and the unexplained prior variance d = k(λ, λ) − ‖φ‖² [..., T, P]."""
+        points = latent.unsqueeze(-3)
+        A = self.layer.projection(points)                                  # [..., T, 1, M, P]
+        unexplained = (self.layer.kernel.diag(points) - A.square().sum(-2)).clamp_min(0.0)
+        offset = latent_layout(self.mean(latent)) if self.mean_weights is not None else 0.0
+        return A.squeeze(-3).mT, offset, unexplained.squeeze(-2)
+
     def data_gradients(self, latent: torch.Tensor, derivatives: Derivatives
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """(∂E/∂m, ∂E/∂S) [T, 1, M(, M)] of a data term E of the marginals at λ [..., T, P, D^λ]
         (L = 1) that is quadratic in their means and linear in their variances: with
-        μ_n = a_nᵀm + m^t(λ_n) and σ_n² = a_nᵀSa_n + …, ∂E/∂m = Σ_n a_n ∂E/∂μ_n and
-        ∂E/∂S = Σ_n a_n a_nᵀ ∂E/∂σ_n², a_n = chol(K_zz)⁻¹k(Z, λ_n) (summed over the draws).
+        μ_n = φ_nᵀm + m^t(λ_n) and σ_n² = φ_nᵀSφ_n + d_n (:meth:`features`),
+        ∂E/∂m = Σ_n φ_n ∂E/∂μ_n and ∂E/∂S = Σ_n φ_n φ_nᵀ ∂E/∂σ_n² (summed over the draws).
         ``derivatives`` maps the means [..., T, P] to (∂E/∂μ, ∂E/∂σ²) [..., T, P]."""
-        A = self.layer.projection(latent.unsqueeze(-3))                    # [..., T, 1, M, P]
-        mean = (A.mT @ self.layer.q_mean.unsqueeze(-1)).squeeze(-1) + self.mean(latent)
-        by_mean, by_var = (d.reshape(-1, *d.shape[-2:]).unsqueeze(-2)    # [S, T, 1, P]
-                           for d in derivatives(latent_layout(mean)))
-        A = A.reshape(-1, *A.shape[-4:])
-        return ((A @ by_mean.unsqueeze(-1)).squeeze(-1).sum(0),
-                ((A * by_var.unsqueeze(-2)) @ A.mT).sum(0))
+        phi, offset, _ = self.features(latent)
+        mean = (phi @ self.layer.q_mean.mT).squeeze(-1) + offset
+        by_mean, by_var = (d.reshape(-1, *d.shape[-2:]) for d in derivatives(mean))
+        phi = phi.reshape(-1, *phi.shape[-3:])                              # [S, T, P, M]
+        return ((by_mean.unsqueeze(-2) @ phi).sum(0),
+                ((phi.mT * by_var.unsqueeze(-2)) @ phi).sum(0).unsqueeze(-3))
 
     def conditional(self, whitened: torch.Tensor, latent: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,38 +146,37 @@ class CoregionalisedGP(PyroModule):
         latent GP: the φ_r independent) or Σ_r W_tr² (k − ‖a_r‖²) + ‖L_qᵀ b‖² with
         b = (W_tr a_r)_r (a joint q = N(m, L_q L_qᵀ)), a_r = chol(K_zz,r)⁻¹ k_r(Z_r, λ)
         [..., T, P(, L)]."""
-        points = self._points(latent)
         if self.layer.covariance == "meanfield":
-            return self._mix(*self.layer.marginals(points), latent)
+            return self._mix(*self.layer.marginals(self._points(latent)), latent)
+        b, _, unexplained = self.features(latent)
+        return (b @ self.layer.q_mean.reshape(-1),
+                unexplained + (b @ self.layer.q_sqrt).square().sum(-1))
+
+    def features(self, latent: torch.Tensor) -> tuple[torch.Tensor, float, torch.Tensor]:
+        """The marginals at λ [..., T', P, D^λ] as μ = bᵀm and σ² = bᵀSb + d for a joint q:
+        b_n = (W_tr a_r(λ_n))_r [..., T, P, R·L·M], a_r = chol(K_zz,r)⁻¹k_r(Z_r, λ_n), no mean
+        offset, and the unexplained prior variance d = Σ_r W_tr²(k_r(λ, λ) − ‖a_r‖²)
+        [..., T, P(, L)]."""
+        points = self._points(latent)
         A = self.layer.projection(points)                                  # [..., R, 1, M, n]
         A = A.expand(*A.shape[:-4], *self.layer.batch_shape, *A.shape[-2:])
-        mean = (A.mT @ self.layer.q_mean.unsqueeze(-1)).squeeze(-1)        # [..., R, L, n]
         prior = (self.layer.kernel.diag(points) - A.square().sum(-2)).clamp_min(0.0)
-        mean, prior = self._mix(mean, prior.expand_as(mean), latent)       # [..., T, P(, L)]
-        b = self._mixed_projection(A, latent)
-        return mean, prior + (b @ self.layer.q_sqrt).square().sum(-1)
+        tasks, slots = self.mixing.shape[0], latent.shape[-2]
+        a = A.unflatten(-1, latent.shape[-3:-1]).movedim(-1, -5).movedim(-1, -5)
+        a = a.expand(*a.shape[:-5], tasks, slots, *a.shape[-3:])           # [..., T, P, R, L, M]
+        b = (a * self.mixing[:, None, :, None, None]).flatten(-3)
+        return b, 0.0, self._combine(prior, self.mixing.square(), latent)
 
     def data_gradients(self, latent: torch.Tensor, derivatives: Derivatives
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """(∂E/∂m [R·M], ∂E/∂S [R·M, R·M]) of the joint q for a data term E of the marginals at
         λ [..., T', P, D^λ] that is quadratic in their means and linear in their variances:
-        with μ = bᵀm and σ² = bᵀSb + …, b = (W_tr a_r)_r, ∂E/∂m = Σ_n b_n ∂E/∂μ_n and
-        ∂E/∂S = Σ_n b_n b_nᵀ ∂E/∂σ_n² (summed over the draws). ``derivatives`` maps the means
-        [..., T, P] to (∂E/∂μ, ∂E/∂σ²) [..., T, P]."""
-        A = self.layer.projection(self._points(latent))
-        b = self._mixed_projection(A.expand(*A.shape[:-4], *self.layer.batch_shape,
-                                            *A.shape[-2:]), latent)      # [..., T, P, R·M]
+        ∂E/∂m = Σ_n b_n ∂E/∂μ_n and ∂E/∂S = Σ_n b_n b_nᵀ ∂E/∂σ_n² (:meth:`features`; summed
+        over the draws). ``derivatives`` maps the means [..., T, P] to (∂E/∂μ, ∂E/∂σ²)."""
+        b, _, _ = self.features(latent)
         by_mean, by_var = derivatives(b @ self.layer.q_mean.reshape(-1))
         b = b.reshape(-1, b.shape[-1])
         return (by_mean.reshape(-1) @ b, (b * by_var.reshape(-1, 1)).mT @ b)
-
-    def _mixed_projection(self, A: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
-        """b_n = (W_tr a_r(λ_n))_r [..., T, P, R·L·M] from A [..., R, L, M, T'·P]: the
-        marginals are μ = bᵀm and σ² = Σ_r W_tr²(k − ‖a_r‖²) + ‖L_qᵀb‖² for a joint q."""
-        tasks, slots = self.mixing.shape[0], latent.shape[-2]
-        a = A.unflatten(-1, latent.shape[-3:-1]).movedim(-1, -5).movedim(-1, -5)
-        a = a.expand(*a.shape[:-5], tasks, slots, *a.shape[-3:])           # [..., T, P, R, L, M]
-        return (a * self.mixing[:, None, :, None, None]).flatten(-3)
 
     def conditional(self, whitened: torch.Tensor, latent: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,8 +201,13 @@ class CoregionalisedGP(PyroModule):
     def _mix(self, mean: torch.Tensor, var: torch.Tensor, latent: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
         """[..., R, L, T'·P] moments of the φ_r → [..., T, P(, L)] of the f^t."""
-        def mix(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-            values = values.unflatten(-1, latent.shape[-3:-1]).movedim(-4, -1)  # [.., L, T', P, R]
-            mixed = (values * weights.unsqueeze(-2)).sum(-1)                      # [.., L, T, P]
-            return latent_layout(mixed.movedim(-3, -2))
-        return mix(mean, self.mixing), mix(var, self.mixing.square())
+        return (self._combine(mean, self.mixing, latent),
+                self._combine(var, self.mixing.square(), latent))
+
+    @staticmethod
+    def _combine(values: torch.Tensor, weights: torch.Tensor, latent: torch.Tensor
+                 ) -> torch.Tensor:
+        """Σ_r weights_tr values_r: [..., R, L, T'·P] → [..., T, P(, L)]."""
+        values = values.unflatten(-1, latent.shape[-3:-1]).movedim(-4, -1)  # [.., L, T', P, R]
+        mixed = (values * weights.unsqueeze(-2)).sum(-1)                      # [.., L, T, P]
+        return latent_layout(mixed.movedim(-3, -2))
