@@ -39,7 +39,7 @@ SUMMARIES = {
     "cmdgp": "coregionalised multitask DGP: task-mixed shared latents, one coregionalised GP",
     "idgp": "independent 2-layer deep GPs, one per task (baseline)",
     "igp": "independent sparse GPs, one per task (baseline)",
-    "cgp": "one coregionalised sparse GP over all tasks (LMC, or ICM; the default)",
+    "cgp": "one coregionalised sparse GP over all tasks, LMC or ICM (the default model)",
 }
 
 
