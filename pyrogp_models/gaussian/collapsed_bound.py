@@ -2,12 +2,15 @@
 
 With the marginals of q(v) = N(m, S) linear in m, μ_n = φ_nᵀm + c_n, σ_n² = φ_nᵀSφ_n + d_n
 (φ_n = the row's whitened features, d_n = the prior variance q cannot explain), a Gaussian
-likelihood with noise σ_n² per row and weights w_n ∈ {0, 1} (0 drops a padded row), β_n = w_n/σ_n²:
+likelihood with noise σ_n² per row and weights w_n ∈ {0, 1} (0 drops a padded row), β_n = w_n/σ_n²,
+the optimum is q(v) = N(m*, B⁻¹) with B = I + Φᵀ diag(β) Φ = L_B L_Bᵀ and m* = B⁻¹Φᵀ(β ∘ r),
+r_n = y_n − c_n (the point a unit natural-gradient step reaches), and the ELBO there is
 
-    F = max_q ELBO = −½Σ w_n log 2πσ_n² − Σ log diag L_B − ½Σ β_n r_n² + ½‖c‖² − ½Σ β_n d_n,
+    F = −½Σ w_n log 2πσ_n² − ½Σ β_n e_n² − ½‖m*‖² − Σ log diag L_B − ½Σ β_n d_n,
 
-B = I + Φᵀ diag(β) Φ = L_B L_Bᵀ, c = L_B⁻¹Φᵀ(β ∘ r), r_n = y_n − c_n; the optimum is
-q(v) = N(L_B⁻ᵀc, B⁻¹), the point a unit natural-gradient step reaches.
+e = r − Φm* (the variance terms and the KL's trace cancel: tr B⁻¹(I + ΦᵀβΦ) = K). This equals
+the textbook −½(Σβr² − ‖L_B⁻¹Φᵀβr‖²) + …, but sums two non-negative terms instead of
+subtracting two large ones, which keeps float32 fits at the float64 optimum.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ def collapsed_bound(features: torch.Tensor, residuals: torch.Tensor, weights: to
     # is a constant: its infinite derivative never meets the noise's gradient
     eye = torch.eye(features.shape[-1], dtype=features.dtype, device=features.device)
     B_chol = cholesky(eye + weighted.mT @ weighted, 0.0, what="collapsed-bound matrix I + ΦᵀβΦ")
-    c = triangular_solve(B_chol, (features.mT @ (precision * residuals).unsqueeze(-1))
-                         ).squeeze(-1)
+    projected = features.mT @ (precision * residuals).unsqueeze(-1)
+    mean = triangular_solve(B_chol, triangular_solve(B_chol, projected), transpose=True)
+    errors = residuals - (features @ mean).squeeze(-1)
     return (-0.5 * (weights * torch.log(2 * math.pi * noise)).sum(-1)
+            - 0.5 * (precision * errors.square()).sum(-1) - 0.5 * mean.square().sum((-2, -1))
             - B_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-            - 0.5 * (precision * residuals.square()).sum(-1) + 0.5 * c.square().sum(-1)
             - 0.5 * (precision * unexplained).sum(-1))
