@@ -244,8 +244,7 @@ def _train(model: MultitaskGP, config: TrainConfig) -> TrainResult:
     if not (model.collapsible and config.optimizer == "lbfgs"):
         return train(model, config=config)
     with model.collapsed_objective():
-        result = train(model, config=replace(config, natural_gradient_lr=None,
-                                             hooks_in_closure=False))
+        result = train(model, config=replace(config, natural_gradient_lr=None))
     NaturalGradient(model, 1.0)(lambda: -model.elbo())  # closed form: the loss is not evaluated
     return result
 
