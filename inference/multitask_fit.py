@@ -212,7 +212,8 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
                         torch.Generator(device=spec.device).manual_seed(seed))
     phases, reference = [], None
     if model.is_deep and spec.warm_start:
-        shallow_spec = replace(spec, model=CONTAINED[spec.model], top_mean=None)
+        shallow_spec = replace(spec, model=CONTAINED[spec.model], top_mean=None,
+                               noise="independent")
         shallow = build_model(shallow_spec.model, model_data, shallow_spec.options(),
                               spec.inducing_init,
                               torch.Generator(device=spec.device).manual_seed(seed))

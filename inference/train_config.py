@@ -20,12 +20,9 @@ class TrainConfig:
     ``steps`` is the maximum number of optimiser steps; ``tol``/``window`` the convergence test
     (None: run all steps); ``natural_gradient_lr`` the step size γ of a natural-gradient step on
     every q(u) before each optimiser step (None: q(u) is optimised with the other parameters);
-    ``hooks_in_closure``: with torch's L-BFGS, run the hooks before every evaluation of the loss
-    instead (a unit natural-gradient step on a conjugate q(u) then makes L-BFGS minimise the
-    collapsed bound of the other parameters); ``time_budget`` a limit in seconds; ``pin``:
-    independent members under the batched L-BFGS end pinned at their optimum
-    (:meth:`~pyrogp_models.inference.batched_lbfgs.BatchedLBFGS.pinned`) once they pass the
-    change test (``False``: the change test alone, e.g. to screen restarts);
+    ``time_budget`` a limit in seconds; ``pin``: independent members under the batched L-BFGS
+    end pinned at their optimum (:meth:`~pyrogp_models.inference.batched_lbfgs.BatchedLBFGS.pinned`)
+    once they pass the change test (``False``: the change test alone, e.g. to screen restarts);
     ``global_param_store`` trains in Pyro's global parameter store (and leaves the parameters
     there) instead of in the model only.
     """
@@ -41,7 +38,6 @@ class TrainConfig:
     checkpoint_every: int = 500
     resume: bool = False
     natural_gradient_lr: float | None = None
-    hooks_in_closure: bool = False
     time_budget: float | None = None
     pin: bool = True
     global_param_store: bool = False

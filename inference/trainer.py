@@ -243,12 +243,8 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     def loss_fn():
         return elbo.differentiable_loss(module.model, module.guide, *args, **kwargs)
 
-    in_closure = config.hooks_in_closure and config.optimizer == "lbfgs"
-
     def closure():
         optimizer.zero_grad()
-        for hook in hooks if in_closure else ():
-            hook(loss_fn)
         loss = loss_fn()
         if params:
             loss.backward(inputs=params)
@@ -272,7 +268,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
               parameter_scope(config)):
             while step < config.steps:
                 try:
-                    for hook in () if in_closure else hooks:
+                    for hook in hooks:
                         hook(loss_fn)
                     if isinstance(optimizer, BatchedLBFGS):
                         loss = optimizer.step()

@@ -164,11 +164,18 @@ def distributed_kernel_case(likelihood="gaussian", variational="meanfield",
                 paths_differ=paths_differ)
 
 
-def multitask_case(kind: str) -> Case:
+def co_located_tasks(num_points: int = 20) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The toy's two tasks observed at the same inputs (task 1's), so that cGP's noise
+    correlation has sites with both outputs."""
+    pairs = toy_tasks(num_points, seed=0)
+    X, y = pairs[0]
+    return [(X, y), (X, y + pairs[1][1] - pairs[0][1].mean())]
+
+
+def multitask_case(kind: str, data: Callable[[], list] = lambda: toy_tasks(20, seed=0)) -> Case:
     def fit(dtype, adjust=None):
         spec = MultitaskSpec(model=kind, num_inducing=5, dtype=dtype)
-        result = fit_multitask_dgp(toy_tasks(20, seed=0), spec,
-                                   _config(multitask_config(spec), adjust))
+        result = fit_multitask_dgp(data(), spec, _config(multitask_config(spec), adjust))
         predictor = result.predictor
 
         def predict(X):  # task 0
@@ -209,6 +216,7 @@ CASES: dict[str, Case] = {
     "distkernel-bernoulli": distributed_kernel_case("bernoulli", paths_differ=STATIONARY_START),
     "multitask-smdgp": multitask_case("smdgp"),
     "multitask-igp": multitask_case("igp"),
+    "multitask-cgp": multitask_case("cgp", co_located_tasks),
 }
 
 

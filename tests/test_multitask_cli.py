@@ -178,6 +178,47 @@ def test_the_default_is_an_lmc_cgp_and_the_exact_gp_where_the_largest_task_has_e
     assert rmse["cgp"] < 0.5 * rmse["igp"], rmse
 
 
+def test_the_default_cgp_predicts_a_hidden_output_from_the_noise_it_shares_with_its_site(
+        capsys, folder):
+    """Wide data whose outputs share most of their noise at every input (a rough shared term
+    no smooth f explains): the default cGP learns the correlation (``info`` shows it), and
+    ``predict`` on the training table gives the hidden cells given the row's other output —
+    the predictor's :meth:`predict_given_outputs` — much closer than the marginal predictive,
+    and ``evaluate`` on the stretch scores the same predictions; ``--noise independent`` has
+    no correlation and predicts the marginal."""
+    rng = np.random.default_rng(4)
+    x = np.sort(rng.uniform(0, 1, 80))
+    common = 0.3 * rng.normal(size=80)
+    table = {"x": x, "a": np.sin(6 * x) + common + 0.03 * rng.normal(size=80),
+             "b": np.cos(4 * x) - common + 0.03 * rng.normal(size=80)}
+    hidden = (x > 0.4) & (x < 0.6)
+    csv = write_csv(folder / "shared_noise.csv", {**table, "b": np.where(hidden, np.nan,
+                                                                          table["b"])})
+    stretch = write_csv(folder / "stretch.csv", {key: values[hidden]
+                                                 for key, values in table.items()})
+    rmse = {}
+    for noise in ("correlated", "independent"):
+        out = folder / f"noise_{noise}.safetensors"
+        run_ok(capsys, "--threads", "1", "fit-multitask", csv, "--target", "a,b", "--noise",
+               noise, "--out", out)
+        described = run_ok(capsys, "info", out)
+        assert ("correlation of the noise" in described) == (noise == "correlated")
+        run_ok(capsys, "predict", out, "--data", csv, "--out", folder / f"{noise}.npz")
+        with np.load(folder / f"{noise}.npz") as saved:
+            predicted = saved["mean_b"][hidden]
+        predictor = load_multitask(out)
+        known = np.stack([table["a"], np.where(hidden, np.nan, table["b"])], -1)
+        given, _ = predictor.predict_given_outputs(x[:, None], known)
+        np.testing.assert_allclose(predicted, given[1].numpy()[hidden], rtol=1e-12)
+        rmse[noise] = float(np.sqrt(np.mean((predicted - table["b"][hidden]) ** 2)))
+        report = json.loads(run_ok(capsys, "evaluate", out, "--data", stretch, "--json"))
+        assert report["tasks"]["b"]["rmse"] == pytest.approx(rmse[noise], rel=1e-9)
+    correlation = load_multitask(folder / "noise_correlated.safetensors").model \
+        .site_noise.correlation()
+    assert float(correlation[1, 0]) < -0.8
+    assert rmse["correlated"] < 0.5 * rmse["independent"], rmse
+
+
 def test_wide_form_classification_beats_the_majority_class(capsys, folder):
     def labels(seed):
         data = two_tasks(200, seed)

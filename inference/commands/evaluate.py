@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _evaluate_multitask(args: argparse.Namespace) -> int:
     """Metrics of a multitask file per task (the tasks with rows in the data) and over all
-    rows."""
+    rows; in wide form with correlated noise, every cell's predictive given the row's other
+    observed cells (as ``predict`` gives it)."""
     import numpy as np
     import torch
     from pyrogp_models.inference.commands.multitask_inputs import multitask_from_args
@@ -63,10 +64,19 @@ def _evaluate_multitask(args: argparse.Namespace) -> int:
     from pyrogp_models.text import format_table
 
     predictor, layout = multitask_from_args(args)
-    rows = layout.observations(load_table(args.data), args.target)
-    with torch.no_grad():
-        mean, var = predictor.predict_y(rows.X, rows.task)
-        log_density = predictor.log_predictive(rows.X, rows.y, rows.task)
+    table = load_table(args.data)
+    rows = layout.observations(table, args.target)
+    if not layout.is_long and predictor.model.site_noise is not None:
+        Y = layout.observed_outputs(table)
+        row, task = np.nonzero(~np.isnan(Y))  # the observations' order
+        mean, var = (value[task, row] for value in
+                     predictor.predict_given_outputs(layout.inputs(table), Y))
+        log_density = torch.distributions.Normal(mean, var.sqrt()).log_prob(
+            torch.as_tensor(rows.y, dtype=mean.dtype))
+    else:
+        with torch.no_grad():
+            mean, var = predictor.predict_y(rows.X, rows.task)
+            log_density = predictor.log_predictive(rows.X, rows.y, rows.task)
     mean, var, log_density = (value.double().numpy() for value in (mean, var, log_density))
 
     def report(where: np.ndarray) -> dict:

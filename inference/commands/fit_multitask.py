@@ -37,7 +37,8 @@ MODEL_OPTIONS = {"--shared": {"smdgp": "shared_width", "mmdgp": "shared_width",
                               "cmdgp": "inner_width"},
                  "--private": {"mmdgp": "private_width", "idgp": "private_width"},
                  "--coregionalisation": dict.fromkeys(("cgp", "cmdgp"), "coregionalisation"),
-                 "--rank": dict.fromkeys(("cgp", "cmdgp"), "coregional_rank")}
+                 "--rank": dict.fromkeys(("cgp", "cmdgp"), "coregional_rank"),
+                 "--noise": {"cgp": "noise"}}
 
 
 
@@ -77,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", type=int, metavar="R",
                         help="cgp, cmdgp: latent GPs mixed into every output (default: the "
                              "number of tasks, at most 2)")
+    parser.add_argument("--noise", metavar="correlated|independent", choices=LibraryNames(
+                            "pyrogp_models.models.multitask.options:NOISES"),
+                        help="cgp: the noise of the outputs observed at one input is correlated "
+                             "(learned; a hidden output's prediction then uses the outputs "
+                             "observed next to it) or independent (default: correlated with the "
+                             "gaussian likelihood)")
     parser.add_argument("--inducing", type=int, metavar="M",
                         help="inducing inputs of every process (each task's top GP, private "
                              "and shared processes, each latent GP of cgp): the same budget in "

@@ -112,6 +112,16 @@ class TaskColumns:
                             f"tasks {', '.join(self.tasks)}")
         return np.asarray([index[task_name(v)] for v in values], dtype=np.int64)[inverse]
 
+    def observed_outputs(self, table: Table) -> np.ndarray:
+        """Wide form: every task's column [N, T] where the table has it, NaN where a cell or the
+        whole column is missing (a table to predict need not hold the targets)."""
+        Y = np.full((table.num_rows, len(self.targets)), np.nan)
+        for j, name in enumerate(self.targets):
+            if name in table.columns:
+                Y[:, j] = table.column(name)
+                require_finite(np.where(np.isnan(Y[:, j]), 0.0, Y[:, j]), f"column '{name}'")
+        return Y
+
     def observations(self, table: Table, target: str | None = None) -> TaskRows:
         """Every observed (x, task, y) in long form. ``target`` replaces the long form's target
         column."""

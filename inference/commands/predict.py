@@ -78,7 +78,8 @@ def _multitask_predictions(args: argparse.Namespace
                            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The input columns and the predictions of a multitask file: long form, each row for its
     own task; wide form, every row for every task (columns ``mean_<task>``, ``var_<task>``,
-    ``prob_<task>``, ...)."""
+    ``prob_<task>``, ...) — with correlated noise, each given the row's other observed
+    outputs (the table's target columns, where present)."""
     import numpy as np
     import torch
     from pyrogp_models.inference.commands.multitask_inputs import multitask_from_args
@@ -90,17 +91,20 @@ def _multitask_predictions(args: argparse.Namespace
     X = layout.inputs(table)
     columns = {name: X[:, j] for j, name in enumerate(layout.features)}
     if layout.is_long:
-        tasks = layout.row_tasks(table)
         columns[layout.task_column] = table.column(layout.task_column)
+        with torch.no_grad():
+            mean, var = (value.double().numpy()
+                         for value in predictor.predict_y(X, layout.row_tasks(table)))
+        return columns, output_columns(predictor.is_classifier, mean, var)
+    if predictor.model.site_noise is not None:
+        mean, var = (value.double().numpy() for value in
+                     predictor.predict_given_outputs(X, layout.observed_outputs(table)))
     else:
         tasks = np.repeat(np.arange(len(layout.tasks)), len(X))
-        X = np.tile(X, (len(layout.tasks), 1))
-    with torch.no_grad():
-        mean, var = (value.double().numpy() for value in predictor.predict_y(X, tasks))
-    if layout.is_long:
-        return columns, output_columns(predictor.is_classifier, mean, var)
-    per_task = zip(layout.tasks, np.split(mean, len(layout.tasks)),
-                   np.split(var, len(layout.tasks)), strict=True)
+        with torch.no_grad():
+            mean, var = (np.split(value.double().numpy(), len(layout.tasks)) for value in
+                         predictor.predict_y(np.tile(X, (len(layout.tasks), 1)), tasks))
+    per_task = zip(layout.tasks, mean, var, strict=True)
     return columns, {f"{key}_{name}": values for name, task_mean, task_var in per_task
                      for key, values in output_columns(predictor.is_classifier, task_mean,
                                                        task_var).items()}

@@ -8,6 +8,7 @@ Gaussian Processes") and their baselines, as batched Pyro models.
 - :mod:`.processes`: the inner layer — shared and private processes, the latent space λ^t;
 - :mod:`.outputs`: the top layer — a GP per task (ARD) or one coregionalised GP;
 - :mod:`.task_likelihood`: observations under each row's own task's likelihood;
+- :mod:`.noise_correlation`: cGP's noise correlated across the outputs observed at one input;
 - :mod:`.model`: the ELBO (eq. 9) by the doubly-stochastic estimator, model/guide, state;
 - :mod:`.families`: mMDGP, sMDGP, cMDGP, iDGP, iGP, cGP;
 - :mod:`.prediction`: the Gaussian-mixture predictive and the data-units predictor;

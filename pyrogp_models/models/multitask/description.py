@@ -32,6 +32,8 @@ def multitask_summary(predictor: MultitaskPredictor) -> dict:
             "num_inducing": model.options.num_inducing,
             "learn_inducing": model.options.learn_inducing,
             "ard_weights": model.ard_weights().detach().tolist(),
+            "noise_correlation": (None if model.site_noise is None
+                                  else model.site_noise.correlation().detach().tolist()),
             "shared_columns": model.latent.shared_width if model.is_deep else None,
             "predictive_samples": predictor.num_samples if model.is_deep else 1,
             **{key: info[key] for key in FIT_KEYS if key in info}}
@@ -72,6 +74,10 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
     if not per_task:
         lines.append("ARD weights of the shared top-layer kernel(s): "
                      + " | ".join(row_text(row) for row in weights))
+    if model.site_noise is not None:
+        lines.append("correlation of the noise of the outputs observed at one input: "
+                     + " | ".join(row_text(row)
+                                  for row in model.site_noise.correlation().detach()))
     if model.is_deep:
         lines.append(f"ARD weights are over the {weights.shape[-1]} columns of the latent space "
                      f"λ, the first {model.latent.shared_width} from shared processes")

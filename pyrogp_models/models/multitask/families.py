@@ -39,7 +39,8 @@ SUMMARIES = {
     "cmdgp": "coregionalised multitask DGP: task-mixed shared latents, one coregionalised GP",
     "idgp": "independent 2-layer deep GPs, one per task (baseline)",
     "igp": "independent sparse GPs, one per task (baseline)",
-    "cgp": "one coregionalised sparse GP over all tasks, LMC or ICM (the default model)",
+    "cgp": "one coregionalised sparse GP over all tasks, LMC or ICM, noise correlated across "
+           "the outputs at one input (the default model)",
 }
 
 
@@ -168,7 +169,8 @@ class IGP(MultitaskGP):
 
 class CGP(MultitaskGP):
     """Multitask SVGP with an ICM (or LMC) kernel, heterotopic: every row evaluated at its own
-    task only (Nguyen & Bonilla 2014)."""
+    task only (Nguyen & Bonilla 2014); by default with noise correlated across the outputs
+    observed at one input (:mod:`.noise_correlation`)."""
 
     kind = "cgp"
     inducing_on_inputs = "shared"

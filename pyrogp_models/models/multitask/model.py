@@ -11,7 +11,9 @@ every point of a minibatch from the inner marginals, λ = transform(μ + √(σ�
 N(μ_f, σ_f²) at λ (eq. 21) and the likelihood's expectation E[log p(y | f)] — closed form
 (Gaussian), Gauss–Hermite (Bernoulli), Monte Carlo (softmax) or deterministic quadrature
 (robust-max) — averaged over the S draws and scaled per minibatch row
-(:mod:`~pyrogp_models.models.multitask.data`); the KL terms are analytic and unscaled.
+(:mod:`~pyrogp_models.models.multitask.data`); the KL terms are analytic and unscaled. With
+noise correlated across the outputs at one input (cGP) the data term is the per-site Gaussian
+on whitened rows (:mod:`~pyrogp_models.models.multitask.noise_correlation`).
 Without an inner layer (iGP, cGP) λ = x and the data term is exact. All tasks' processes are
 evaluated as batches over a [T, P] per-task layout: no N×N or cross-task matrix and no loop over
 tasks.
@@ -29,6 +31,7 @@ rows, ε, softmax draws) comes from torch's global generator: ``pyro.set_rng_see
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, replace
@@ -51,6 +54,7 @@ from pyrogp_models.models.multitask.data import (
     stratified_batch,
 )
 from pyrogp_models.models.multitask.initialisation import Initialisation
+from pyrogp_models.models.multitask.noise_correlation import SiteCorrelated, SiteLayout, SiteNoise
 from pyrogp_models.models.multitask.options import MultitaskOptions
 from pyrogp_models.models.multitask.outputs import CoregionalisedGP, TaskGPs
 from pyrogp_models.models.multitask.processes import LatentSpace
@@ -97,6 +101,8 @@ class MultitaskGP(PyroModule):
         self.likelihood = make_likelihood(self.options.likelihood, (self.num_tasks,), dtype,
                                           device, **self.options.likelihood_options)
         self.latent, self.top = self.build_layers(self.options, init)
+        self.site_noise = (SiteNoise(self.num_tasks, dtype, device)
+                           if self.options.noise == "correlated" else None)
         self.collapsed = False  # see collapsed_objective()
         self.bind(data)
 
@@ -110,7 +116,8 @@ class MultitaskGP(PyroModule):
 
     def bind(self, data: TaskData | None) -> None:
         """Bind training data (model units) as non-persistent buffers ``data_X``, ``data_task``,
-        ``data_y`` and their per-task layout (``data_index``, ``data_mask``, ``data_slot``)."""
+        ``data_y``, their per-task layout (``data_index``, ``data_mask``, ``data_slot``) and,
+        with correlated noise, their sites (``data_site_*``)."""
         values = {}
         if data is not None:
             if data.num_tasks != self.num_tasks:
@@ -120,7 +127,11 @@ class MultitaskGP(PyroModule):
             layout = TaskLayout.of(data.task, self.num_tasks)
             values = {"X": data.X, "task": data.task, "y": data.y, "index": layout.index,
                       "mask": layout.mask, "slot": layout.slot}
-        for key in ("X", "task", "y", "index", "mask", "slot"):
+            if self.site_noise is not None:
+                sites = SiteLayout.of(data.X, data.task, self.num_tasks)
+                values.update(site_rows=sites.rows, site_mask=sites.mask, site=sites.site)
+        for key in ("X", "task", "y", "index", "mask", "slot", "site_rows", "site_mask",
+                    "site"):
             self.register_buffer(f"data_{key}", values.get(key), persistent=False)
 
     def build_layers(self, options: MultitaskOptions, init: Initialisation
@@ -202,7 +213,10 @@ class MultitaskGP(PyroModule):
                    ) -> torch.Tensor:
         """The scaled data term of eq. (9) per task [T]: Σ_n w_n (1/S) Σ_s E[log p(y_n | f)]
         on ``batch`` (default: all rows, weight 1). ``noise``: fixed standard normal draws per
-        data row [S, N, noise_width] (default: fresh draws, S = ``options.num_samples``)."""
+        data row [S, N, noise_width] (default: fresh draws, S = ``options.num_samples``).
+        With correlated noise: :meth:`site_data_terms` (all rows, no draws)."""
+        if self.site_noise is not None:  # a single layer on all rows (options.resolved)
+            return self.site_data_terms()
         batch = self.full_batch() if batch is None else batch
         X, y = self.data_X[batch.rows], self.data_y[batch.rows]
         noise = (self.draw_noise(self.options.num_samples, batch.rows.shape, X)
@@ -210,6 +224,45 @@ class MultitaskGP(PyroModule):
         _, mean, var = self.output_moments(X, noise)
         expected = self.likelihood.expected_log_prob(y, mean, var).mean(0)
         return (expected * batch.weights).sum(-1)
+
+    # Noise correlated across a site's outputs ---------------------------------------------------
+    def data_sites(self) -> SiteLayout:
+        """The sites of the bound rows (correlated noise only)."""
+        self.data_layout()  # raises without bound data
+        return SiteLayout(self.data_site_rows, self.data_site_mask, self.data_site,
+                          self.data_task)
+
+    def whitened_rows(self) -> tuple[torch.Tensor, ...]:
+        """The bound rows as the whitened rows of the per-site likelihood
+        (:mod:`~pyrogp_models.models.multitask.noise_correlation`), per (site, task) [G, T]:
+        features b̃ [G, T, K] and residuals r̃ = L_s⁻¹D^-½(·) of the rows', the unexplained
+        variance ũ = Σ_r d_r(x_s) W̃_tr² with W̃ = L_s⁻¹D^-½W, the weights (1 where observed)
+        and log σ_t + log (L_s)_tt. A whitened row's marginal is N(b̃ᵀm, b̃ᵀSb̃ + ũ) with unit
+        noise."""
+        sites, layout = self.data_sites(), self.data_layout()
+        features, _, unexplained = self.top.features(self.data_X[layout.index].unsqueeze(0),
+                                                     per_latent=True)
+        features = sites.gather(layout.to_long(features.squeeze(0), 1))
+        unexplained = sites.gather(layout.to_long(unexplained.squeeze(0), 1)).amax(-2)
+        factors = self.site_noise.site_factors(sites.mask)
+        scale = self.likelihood.variance.sqrt()
+        mixing = self.site_noise.whiten(factors, scale,
+                                        sites.mask.unsqueeze(-1) * self.top.mixing)
+        return (self.site_noise.whiten(factors, scale, features),
+                self.site_noise.whiten(factors, scale, sites.gather(self.data_y)),
+                (mixing.square() * unexplained.unsqueeze(-2)).sum(-1),
+                sites.mask.to(features.dtype),
+                self.site_noise.log_scales(factors, scale, sites.mask))
+
+    def site_data_terms(self) -> torch.Tensor:
+        """The data term of eq. (9) with correlated noise, per task [T]: Σ over the task's
+        whitened rows of E_q[log N(r̃ | f̃, 1)] − log σ_t − log (L_s)_tt."""
+        features, residuals, unexplained, weights, log_scales = self.whitened_rows()
+        q = self.top.layer
+        mean = features @ q.q_mean.reshape(-1)
+        var = (features @ q.q_sqrt).square().sum(-1) + unexplained
+        terms = -0.5 * ((residuals - mean).square() + var + math.log(2 * math.pi)) - log_scales
+        return (weights * terms).sum(0)
 
     def elbo(self, batch: TaskBatch | None = None, noise: torch.Tensor | None = None
              ) -> torch.Tensor:
@@ -254,6 +307,11 @@ class MultitaskGP(PyroModule):
         if not self.collapsible:
             raise ValueError(f"this {self.kind} has no collapsed bound (it needs a single "
                              "layer, a Gaussian likelihood and all rows)")
+        if self.site_noise is not None:
+            features, residuals, unexplained, weights, log_scales = (
+                value.flatten(0, 1) for value in self.whitened_rows())
+            return (collapsed_bound(features, residuals, weights, torch.ones_like(weights),
+                                    unexplained) - log_scales.sum())
         batch = self.full_batch()
         X, y = self.data_X[batch.rows], self.data_y[batch.rows]
         features, offset, unexplained = self.top.features(X.unsqueeze(0))
@@ -339,11 +397,17 @@ class MultitaskGP(PyroModule):
         event = 1 if self.num_latent == 1 else 2
         mean, var = layout.to_long(mean, event - 1), layout.to_long(var, event - 1)
         f = pyro.sample(site("f"), dist.Normal(mean, var.sqrt().expand_as(mean)).to_event(event))
-        return pyro.sample(site("y"), self.observation(f, tasks).to_event(1))
+        return pyro.sample(site("y"), self.observation(f, X, tasks).to_event(1))
 
-    def observation(self, f: torch.Tensor, tasks: torch.Tensor) -> TaskSelected:
-        """p(y_n | f_n) with task t_n's likelihood parameters, for rows f [..., N(, L)]."""
-        return TaskSelected(self.likelihood, f, tasks)
+    def observation(self, f: torch.Tensor, X: torch.Tensor, tasks: torch.Tensor
+                    ) -> TaskSelected | SiteCorrelated:
+        """p(y_n | f_n) with task t_n's likelihood parameters, for rows (X [N, D], tasks [N])
+        f [..., N(, L)]; with correlated noise, correlated across the rows of every site."""
+        if self.site_noise is None:
+            return TaskSelected(self.likelihood, f, tasks)
+        sites = SiteLayout.of(X, tasks, self.num_tasks)
+        return SiteCorrelated(f, self.likelihood.variance.sqrt(),
+                              self.site_noise.site_factors(sites.mask), sites)
 
     # Natural gradients ------------------------------------------------------------------------
     def top_data_gradients(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -353,6 +417,13 @@ class MultitaskGP(PyroModule):
         so the gradients are sums over the rows (the top layer's ``data_gradients``) of
         ∂E/∂μ_n = w_n(y_n − μ_n)/σ_t² and ∂E/∂σ_n² = −w_n/(2σ_t²), no backward pass through the
         layers."""
+        if self.site_noise is not None:  # whitened rows: unit noise
+            with torch.no_grad():
+                features, residuals, _, weights, _ = (value.flatten(0, 1)
+                                                      for value in self.whitened_rows())
+                errors = residuals - features @ self.top.layer.q_mean.reshape(-1)
+                return ((weights * errors) @ features,
+                        -0.5 * (features * weights.unsqueeze(-1)).mT @ features)
         batch = self.draw_batch()
         X, y = self.data_X[batch.rows], self.data_y[batch.rows]
         noise = self.draw_noise(self.options.num_samples, batch.rows.shape, X)
@@ -397,7 +468,7 @@ class MultitaskGP(PyroModule):
                    data: TaskData | None = None, name: str | None = None) -> MultitaskGP:
         """The model :meth:`to_state` described (optionally with data bound)."""
         model_class = MultitaskGP.registry[config["model"]]
-        options = MultitaskOptions(**config["options"])
+        options = MultitaskOptions(**{"noise": "independent", **config["options"]})
         reference = next(iter(tensors.values()))
         init = Initialisation.blank(config["num_tasks"], options.num_inducing,
                                     config["input_dim"], reference.dtype, reference.device)

@@ -22,7 +22,9 @@ their best):
   (``top_mean="linear"``, starting at 0): the linear coregionalisation of the shared processes
   (eq. 11) sits inside the non-linear model; ``"zero"`` is the paper's;
 - the coregionalised models (cGP, cMDGP) mix R = min(T, 2) latent GPs per output (the rank of
-  the coregionalisation matrix) and cMDGP mixes Q = W latent GPs into its latent space.
+  the coregionalisation matrix) and cMDGP mixes Q = W latent GPs into its latent space;
+- cGP with a Gaussian likelihood on all rows has noise correlated across the outputs observed at
+  one input (``noise="correlated"``, starting independent); every other model independent noise.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ TOP_MEANS = ("linear", "zero")
 #: Models whose top layer is a GP per task on a latent space (they take the linear top mean).
 TASK_TOPS_ON_LATENTS = ("smdgp", "mmdgp", "idgp")
 COREGIONALISATIONS = ("icm", "lmc")
+#: The noise across the outputs observed at one input (:mod:`.noise_correlation`).
+NOISES = ("independent", "correlated")
 #: The most inducing inputs per process by default: every row of the largest task up to this
 #: (where a single-layer model has them all, it is the exact GP and they stay fixed).
 MAX_DEFAULT_TASK_INDUCING = 400
@@ -62,6 +66,9 @@ class MultitaskOptions:
         batch_size: rows per minibatch (None: all); ``minibatch`` ``"stacked"`` or
             ``"stratified"`` (then ⌈batch_size/T⌉ rows from every task).
         q_scale: initial q_sqrt of the inner layers (relative to I; 1 is the prior).
+        noise: ``"correlated"`` (cGP only: a learned correlation of the noise across the
+            outputs observed at one input) or ``"independent"`` (None: see the module
+            docstring).
         inner_noise: white-noise variance added to the inner marginals when sampling
             (DS-DGP's jitter; keeps ∂√v finite).
         inner_mean: ``"linear"`` (fixed identity/PCA mean) or ``"zero"``.
@@ -89,6 +96,7 @@ class MultitaskOptions:
     batch_size: int | None = None
     minibatch: str = "stacked"
     q_scale: float = 1.0
+    noise: str | None = None
     inner_noise: float = 1e-10
     inner_mean: str = "linear"
     inner_ard: bool = False
@@ -107,7 +115,8 @@ class MultitaskOptions:
                                      ("inner_mean", self.inner_mean, INNER_MEANS),
                                      ("top_mean", self.top_mean or "zero", TOP_MEANS),
                                      ("coregionalisation", self.coregionalisation,
-                                      COREGIONALISATIONS)):
+                                      COREGIONALISATIONS),
+                                     ("noise", self.noise or "independent", NOISES)):
             if value not in allowed:
                 raise ValueError(f"unknown {name} '{value}'; choose from {allowed}")
         if self.num_samples < 1 or (self.num_inducing is not None and self.num_inducing < 1):
@@ -129,7 +138,13 @@ class MultitaskOptions:
         if top_mean == "linear" and kind in ("cgp", "cmdgp"):
             raise ValueError(f"{kind}'s coregionalised top layer has no linear mean; use "
                              "top_mean='zero'")
-        return replace(self, inner_width=inner, num_shared=shared,
+        correlated_noise_fits = (kind == "cgp" and self.likelihood == "gaussian"
+                                 and self.batch_size is None)
+        noise = self.noise or ("correlated" if correlated_noise_fits else "independent")
+        if noise == "correlated" and not correlated_noise_fits:
+            raise ValueError("correlated noise needs cgp with a Gaussian likelihood on all rows "
+                             f"(got {kind}, {self.likelihood}, batch size {self.batch_size})")
+        return replace(self, inner_width=inner, noise=noise, num_shared=shared,
                        shared_width=self.shared_width or inner, num_private=private,
                        private_width=self.private_width or inner,
                        num_coregional=self.num_coregional or inner,

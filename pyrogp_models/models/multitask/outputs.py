@@ -152,11 +152,12 @@ class CoregionalisedGP(PyroModule):
         return (b @ self.layer.q_mean.reshape(-1),
                 unexplained + (b @ self.layer.q_sqrt).square().sum(-1))
 
-    def features(self, latent: torch.Tensor) -> tuple[torch.Tensor, float, torch.Tensor]:
+    def features(self, latent: torch.Tensor, per_latent: bool = False
+                 ) -> tuple[torch.Tensor, float, torch.Tensor]:
         """The marginals at λ [..., T', P, D^λ] as μ = bᵀm and σ² = bᵀSb + d for a joint q:
         b_n = (W_tr a_r(λ_n))_r [..., T, P, R·L·M], a_r = chol(K_zz,r)⁻¹k_r(Z_r, λ_n), no mean
-        offset, and the unexplained prior variance d = Σ_r W_tr²(k_r(λ, λ) − ‖a_r‖²)
-        [..., T, P(, L)]."""
+        offset, and the unexplained prior variance d = Σ_r W_tr² d_r, d_r = k_r(λ, λ) − ‖a_r‖²
+        [..., T, P(, L)] (``per_latent``: the d_r themselves [..., T, P, R], L = 1)."""
         points = self._points(latent)
         A = self.layer.projection(points)                                  # [..., R, 1, M, n]
         A = A.expand(*A.shape[:-4], *self.layer.batch_shape, *A.shape[-2:])
@@ -165,6 +166,9 @@ class CoregionalisedGP(PyroModule):
         a = A.unflatten(-1, latent.shape[-3:-1]).movedim(-1, -5).movedim(-1, -5)
         a = a.expand(*a.shape[:-5], tasks, slots, *a.shape[-3:])           # [..., T, P, R, L, M]
         b = (a * self.mixing[:, None, :, None, None]).flatten(-3)
+        if per_latent:
+            prior = prior.unflatten(-1, latent.shape[-3:-1]).movedim(-4, -1).squeeze(-4)
+            return b, 0.0, prior.expand(*prior.shape[:-3], tasks, *prior.shape[-2:])
         return b, 0.0, self._combine(prior, self.mixing.square(), latent)
 
     def data_gradients(self, latent: torch.Tensor, derivatives: Derivatives

@@ -22,6 +22,7 @@ import torch
 
 from pyrogp_models.models.multitask.data import TaskLayout
 from pyrogp_models.models.multitask.model import MultitaskGP
+from pyrogp_models.models.multitask.noise_correlation import condition_on_site
 from pyrogp_models.models.multitask.standardisation import TaskStandardisation
 from pyrogp_models.modules.predictor import Predictor
 
@@ -199,6 +200,38 @@ class MultitaskPredictor(Predictor):
             return self.to_data_units(mean, tasks), self.to_data_units(var, tasks, var=True)
         return mean, var
 
+    def predict_given_outputs(self, X, Y) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and variance of y for every task at X [N, D] given the outputs observed at the
+        same inputs, Y [N, T] (NaN where not observed; data units): [T, N]. With correlated
+        noise a task's predictive conditions on the row's other observed outputs through the
+        noise they share (:func:`~.noise_correlation.condition_on_site`), taking what they say
+        about f to be in the fit already — exact for rows the model was fitted on; otherwise
+        :meth:`predict_tasks`."""
+        if self.model.site_noise is None:
+            return self.predict_tasks(X)
+        X = self.inputs(X)
+        Y = torch.as_tensor(Y, dtype=self.dtype, device=self.device)
+        if Y.shape != (len(X), self.num_tasks):
+            raise ValueError(f"expected outputs of shape [{len(X)}, {self.num_tasks}], got "
+                             f"{tuple(Y.shape)}")
+        model, tasks = self.model, torch.arange(self.num_tasks, device=self.device)
+        observed = ~torch.isnan(Y)
+        with torch.no_grad():
+            features, _, unexplained = model.top.features(
+                self.standardisation.transform_x(X).unsqueeze(0), per_latent=True)
+            q = model.top.layer
+            mean = (features @ q.q_mean.reshape(-1)).mT                            # [N, T]
+            spread = features @ q.q_sqrt                                           # [T, N, K]
+            mixing = model.top.mixing
+            cov = (torch.einsum("tnk,snk->nts", spread, spread)
+                   + torch.einsum("tr,sr,nr->nts", mixing, mixing, unexplained[0]))
+            scale = model.likelihood.variance.sqrt()
+            noise = scale.unsqueeze(-1) * model.site_noise.correlation() * scale
+            values = self.standardisation.transform_task_y(Y.nan_to_num(), tasks)
+            mean, var = condition_on_site(mean, cov, noise, observed, values)
+        return (self.to_data_units(mean.mT, tasks.unsqueeze(-1)),
+                self.to_data_units(var.mT, tasks.unsqueeze(-1), var=True))
+
     # Pyro -------------------------------------------------------------------------------------
     def predictive_model(self, X: torch.Tensor, labels=None):
         """The model's :meth:`~MultitaskGP.predictive_model` at X (data units), sites named
@@ -215,13 +248,15 @@ class MultitaskPredictor(Predictor):
                         ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """Posterior draws at the observed rows: latent sites (``f`` in data units for one
         latent function), posterior-predictive ``y`` [S, N] in data units and the pointwise
-        log-likelihood log p(y_i | f_i) [S, N] under each row's task."""
+        log-likelihood log p(y_i | f_i) [S, N] under each row's task (with correlated noise,
+        given the outputs of lower tasks at the row's site: the terms sum to the joint)."""
         tasks = self.tasks(labels, len(X))
         targets = self.task_targets(y, tasks)
         draws = self.posterior_draws(X, num_samples, labels, seed)
         f, y_draws = draws.pop("f"), draws.pop("y")
         with torch.no_grad():
-            log_lik = self.model.observation(f, tasks).log_prob(targets) - self.log_scale(tasks)
+            log_lik = (self.model.observation(f, self.inputs(X), tasks).log_prob(targets)
+                       - self.log_scale(tasks))
         if f.dim() == 2:
             f = self.to_data_units(f, tasks)
         latents = {name.rsplit(".", 1)[-1]: value for name, value in draws.items()}
