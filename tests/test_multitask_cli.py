@@ -278,9 +278,10 @@ def awkward_csvs(folder):
     half = {**data, "y": np.where(data["task"] == 1, 0.5, 1.0)}
     negative = {**data, "y": np.where(data["task"] == 1, -1.0, 1.0)}
     empty = {**wide(data), "c": np.full(40, np.nan)}
+    copied = {"x": data["x"], "a": data["y"], "b": 2 * data["y"] + 1}
     return {name: write_csv(folder / f"{name}.csv", columns) for name, columns in
             {"data": data, "nan_x": nan_x, "nan_y": nan_y, "half": half,
-             "negative": negative, "empty": empty}.items()}
+             "negative": negative, "empty": empty, "copied": copied}.items()}
 
 
 LONG = ["--task-column", "task", "--target", "y"]
@@ -318,6 +319,10 @@ BAD_FITS = {
     "rank zero": ("data", [*LONG, "--model", "cgp", "--rank", "0"], "--rank must be positive"),
     "--classes for gaussian": ("data", [*LONG, "--classes", "3"], "--classes applies to"),
     "--link for gaussian": ("data", [*LONG, "--link", "probit"], "--link applies to"),
+    "--noise for igp": ("data", [*LONG, "--model", "igp", "--noise", "correlated"],
+                        "--noise applies to cgp, not igp"),
+    "correlated noise of copied outputs": ("copied", ["--target", "a,b"],
+                                           "tasks 0 and 1 are exact linear copies"),
 }
 
 

@@ -10,6 +10,7 @@ import torch
 from pyrogp_models.inference.natural_gradient import NaturalGradient, covariance_gradient
 
 from multitask_helpers import randomise
+from pyrogp_models.errors import DataError
 from pyrogp_models.models.multitask import (
     MultitaskOptions,
     MultitaskPredictor,
@@ -162,6 +163,20 @@ def test_sites_pair_the_k_th_repeat_of_every_task_at_an_input():
     # the first and second rows of each task at x = 0 form two sites, x = 1 one
     assert sites.site[0] == sites.site[2] and sites.site[3] == sites.site[5]
     assert sites.site[0] != sites.site[3] and sites.site[1] == sites.site[4]
+
+
+def test_outputs_that_copy_each_other_are_refused_with_correlated_noise_only():
+    """b = 2a + 1 at every shared input: one noise, no optimum of its correlation short of
+    singular; independent noise takes them."""
+    _, _, _, data = wide_data()
+    x = torch.linspace(-1, 1, NUM_SITES, dtype=torch.float64)[:, None]
+    a = torch.sin(3 * x[:, 0])
+    copied = TaskData(torch.cat([x, x]), torch.repeat_interleave(torch.arange(2), NUM_SITES),
+                      torch.cat([a, 2 * a + 1]), 2)
+    with pytest.raises(DataError, match="tasks 0 and 1 are exact linear copies"):
+        build_model("cgp", copied)
+    assert build_model("cgp", copied, MultitaskOptions(noise="independent")).site_noise is None
+    assert build_model("cgp", data).site_noise is not None    # distinct outputs are taken
 
 
 def test_correlated_noise_is_cgp_s_gaussian_full_batch_default_and_refused_elsewhere():

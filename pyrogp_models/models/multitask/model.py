@@ -54,7 +54,12 @@ from pyrogp_models.models.multitask.data import (
     stratified_batch,
 )
 from pyrogp_models.models.multitask.initialisation import Initialisation
-from pyrogp_models.models.multitask.noise_correlation import SiteCorrelated, SiteLayout, SiteNoise
+from pyrogp_models.models.multitask.noise_correlation import (
+    SiteCorrelated,
+    SiteLayout,
+    SiteNoise,
+    require_distinct_outputs,
+)
 from pyrogp_models.models.multitask.options import MultitaskOptions
 from pyrogp_models.models.multitask.outputs import CoregionalisedGP, TaskGPs
 from pyrogp_models.models.multitask.processes import LatentSpace
@@ -129,6 +134,7 @@ class MultitaskGP(PyroModule):
                       "mask": layout.mask, "slot": layout.slot}
             if self.site_noise is not None:
                 sites = SiteLayout.of(data.X, data.task, self.num_tasks)
+                require_distinct_outputs(sites, data.y)
                 values.update(site_rows=sites.rows, site_mask=sites.mask, site=sites.site)
         for key in ("X", "task", "y", "index", "mask", "slot", "site_rows", "site_mask",
                     "site"):

@@ -3,9 +3,11 @@
 Outputs observed at the same input (a *site*: a row of a wide table) share what a smooth f
 cannot explain — the day's weather, the sample's handling — so their noise is correlated:
 y(x) = f(x) + ε(x), ε(x) ~ N(0, Σ) with Σ = D^½ C D^½, D the tasks' noise variances σ_t² (the
-likelihood's) and C a correlation matrix, C = L Lᵀ with L lower-triangular with unit-norm
-rows (L = rows of I + strictly-lower(raw) normalised; raw = 0 is C = I, independent noise).
-Noise at different sites is independent.
+likelihood's) and C a correlation matrix, C = (1 − δ) L Lᵀ + δI with L lower-triangular with
+unit-norm rows (L = rows of I + strictly-lower(raw) normalised; raw = 0 is C = I, independent
+noise) and δ = :data:`MIN_UNSHARED` the least share of a site's noise an output keeps to itself
+(outputs that are exact copies of each other would otherwise drive C singular). Noise at
+different sites is independent.
 
 At a site s with observed outputs o, with C_oo = L_s L_sᵀ and z = D^-½ (y − f),
 z̃ = L_s⁻¹ z_o (whitening),
@@ -29,7 +31,11 @@ import torch
 from pyro.distributions import TorchDistribution, constraints
 from pyro.nn import PyroModule, PyroParam
 
+from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import cholesky
+
+#: δ: every output keeps this share of its noise variance to itself (|correlation| ≤ 1 − δ).
+MIN_UNSHARED = 1e-4
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,28 @@ class SiteLayout:
         return values[self.site, self.tasks]
 
 
+def require_distinct_outputs(sites: SiteLayout, y: torch.Tensor) -> None:
+    """Raise :class:`DataError` if two tasks are exact linear copies of each other at the
+    inputs where both are observed (at least three): their noise would be one noise, whose
+    correlation has no optimum short of singular."""
+    values = sites.gather(y)
+    for first in range(values.shape[-1]):
+        for second in range(first + 1, values.shape[-1]):
+            both = sites.mask[:, first] & sites.mask[:, second]
+            if int(both.sum()) < 3:
+                continue
+            pair = torch.stack([values[both, first], values[both, second]])
+            centred = pair - pair.mean(-1, keepdim=True)
+            scale = centred.norm(dim=-1)
+            if bool((scale == 0).any()):
+                continue  # a constant output is another check's concern
+            if float(1 - (centred[0] @ centred[1] / scale.prod()).abs()) < 1e-9:
+                raise DataError(f"tasks {first} and {second} are exact linear copies of each "
+                                f"other at the {int(both.sum())} inputs where both are "
+                                "observed: their noises cannot be told apart; drop one of "
+                                "them or make the noise independent")
+
+
 class SiteNoise(PyroModule):
     """The correlation C of the noise across the T outputs at one site (see the module
     docstring); starts at C = I."""
@@ -87,7 +115,7 @@ class SiteNoise(PyroModule):
         self.correlation_raw = PyroParam(torch.zeros(count, dtype=dtype, device=device))
 
     def factor(self) -> torch.Tensor:
-        """L [T, T], lower-triangular with unit-norm rows: C = L Lᵀ."""
+        """L [T, T], lower-triangular with unit-norm rows: C = (1 − δ) L Lᵀ + δI."""
         raw = self.correlation_raw
         eye = torch.eye(self.num_tasks, dtype=raw.dtype, device=raw.device)
         lower = torch.tril_indices(self.num_tasks, self.num_tasks, -1, device=raw.device)
@@ -95,9 +123,10 @@ class SiteNoise(PyroModule):
         return factor / factor.norm(dim=-1, keepdim=True)
 
     def correlation(self) -> torch.Tensor:
-        """C = L Lᵀ [T, T]."""
+        """C = (1 − δ) L Lᵀ + δI [T, T]."""
         factor = self.factor()
-        return factor @ factor.mT
+        eye = torch.eye(self.num_tasks, dtype=factor.dtype, device=factor.device)
+        return (1 - MIN_UNSHARED) * (factor @ factor.mT) + MIN_UNSHARED * eye
 
     def site_factors(self, mask: torch.Tensor) -> torch.Tensor:
         """chol(C_oo) of every site, padded [G, T, T] (``mask`` [G, T]: the observed o)."""
