@@ -213,6 +213,12 @@ def test_the_default_cgp_predicts_a_hidden_output_from_the_noise_it_shares_with_
         rmse[noise] = float(np.sqrt(np.mean((predicted - table["b"][hidden]) ** 2)))
         report = json.loads(run_ok(capsys, "evaluate", out, "--data", stretch, "--json"))
         assert report["tasks"]["b"]["rmse"] == pytest.approx(rmse[noise], rel=1e-9)
+        run_ok(capsys, "predict", out, "--data", stretch, "--new-rows", "--out",
+               folder / "new.npz")
+        as_new, _ = predictor.predict_given_outputs(x[hidden, None], known[hidden],
+                                                    new_rows=True)
+        with np.load(folder / "new.npz") as saved:
+            np.testing.assert_allclose(saved["mean_b"], as_new[1].numpy(), rtol=1e-12)
     correlation = load_multitask(folder / "noise_correlated.safetensors").model \
         .site_noise.correlation()
     assert float(correlation[1, 0]) < -0.8
@@ -324,6 +330,15 @@ BAD_FITS = {
     "correlated noise of copied outputs": ("copied", ["--target", "a,b"],
                                            "tasks 0 and 1 are exact linear copies"),
 }
+
+
+def test_new_rows_apply_to_wide_single_layer_gaussian_files_only(capsys, folder, fitted,
+                                                                 held_out_csv):
+    for command in ("predict", "evaluate"):
+        extra = ["--out", folder / "rows.csv"] if command == "predict" else []
+        error = run_failing(capsys, command, fitted, "--data", held_out_csv, "--new-rows",
+                            *extra)
+        assert "--new-rows applies to wide-form multitask files of igp or cgp" in error
 
 
 @pytest.mark.parametrize("case", BAD_FITS, ids=list(BAD_FITS))

@@ -91,6 +91,37 @@ def test_with_every_input_inducing_cgp_is_the_exact_gp_with_correlated_noise():
     assert abs(float(model.collapsed_bound()) - bound) > 1.0
 
 
+@torch.no_grad()
+def test_new_rows_given_their_observed_outputs_are_the_exact_gp_with_those_outputs_added():
+    """``new_rows=True`` at inputs the fit never saw, some outputs observed there: every row's
+    hidden outputs are the exact GP's predictive given the training rows and that row's
+    observed outputs (each row on its own)."""
+    x, Y, observed, data = wide_data()
+    model = correlated_cgp(data, num_inducing=NUM_SITES)
+    NaturalGradient(model, 1.0)(lambda: -model.elbo())
+    identity = TaskStandardisation(np.zeros(1), np.ones(1), 0.0, 1.0, np.zeros(NUM_TASKS),
+                                   np.ones(NUM_TASKS))
+    new_x = (x[:-1] + x[1:])[:5] / 2                                 # between training sites
+    new_Y = torch.randn(5, NUM_TASKS, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(9))
+    known = torch.tensor([[1, 0, 1], [0, 1, 1], [1, 1, 0], [0, 0, 1], [1, 0, 0]], dtype=torch.bool)
+    mean, var = MultitaskPredictor(model, identity).predict_given_outputs(
+        new_x, torch.where(known, new_Y, torch.full_like(new_Y, math.nan)), new_rows=True)
+    for row in range(5):
+        seen, hidden = known[row].nonzero()[:, 0], (~known[row]).nonzero()[:, 0]
+        X_all = torch.cat([data.X, new_x[row].expand(len(seen), 1)])
+        tasks_all, y_all = torch.cat([data.task, seen]), torch.cat([data.y, new_Y[row, seen]])
+        K = exact_covariance(model, X_all, tasks_all, X_all, tasks_all)
+        at = new_x[row].expand(len(hidden), 1)
+        cross = exact_covariance(model, at, hidden, X_all, tasks_all)
+        prior = exact_covariance(model, at, hidden, at, hidden).diagonal()
+        torch.testing.assert_close(mean[hidden, row], cross @ torch.linalg.solve(K, y_all),
+                                   rtol=0, atol=1e-8)
+        torch.testing.assert_close(var[hidden, row],
+                                   prior - (cross * torch.linalg.solve(K, cross.T).T).sum(-1),
+                                   rtol=0, atol=1e-8)
+
+
 def test_closed_forms_of_the_site_likelihood_match_autograd_and_its_optimum():
     """M < sites (an unexplained variance per latent GP): the declared ∂E/∂m, ∂E/∂S equal
     autograd's of the data term off the prior; after a unit step the ELBO is the collapsed

@@ -15,7 +15,10 @@ HELP = ("score a module, a module folder or a model file on labelled data (NLPD,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pyrogp_models.inference.commands.multitask_inputs import add_new_rows
+
     add_predictor_arguments(parser)
+    add_new_rows(parser)
     parser.add_argument("--target", help="the observed column (default: the modules' target; "
                                          "a multitask file's, long form)")
     parser.add_argument("--json", action="store_true",
@@ -25,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
     from pyrogp_models.inference.commands.common import predictor_from_args, read_inputs
-    from pyrogp_models.inference.commands.multitask_inputs import is_multitask
+    from pyrogp_models.inference.commands.multitask_inputs import conditions_on_rows, is_multitask
 
     from pyrogp_models.data import load_table, require_finite
     from pyrogp_models.errors import DataError
@@ -33,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     if is_multitask(args.modules):
         return _evaluate_multitask(args)
+    conditions_on_rows(args, None, None)  # refuses --new-rows
     predictor = predictor_from_args(args)
     target = args.target or predictor.columns.target
     if target is None:
@@ -54,11 +58,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _evaluate_multitask(args: argparse.Namespace) -> int:
     """Metrics of a multitask file per task (the tasks with rows in the data) and over all
-    rows; in wide form with correlated noise, every cell's predictive given the row's other
-    observed cells (as ``predict`` gives it)."""
+    rows; in wide form with correlated noise or ``--new-rows``, every cell's predictive given
+    the row's other observed cells (as ``predict`` gives it)."""
     import numpy as np
     import torch
-    from pyrogp_models.inference.commands.multitask_inputs import multitask_from_args
+    from pyrogp_models.inference.commands.multitask_inputs import (
+        conditions_on_rows,
+        multitask_from_args,
+    )
 
     from pyrogp_models.data import load_table
     from pyrogp_models.text import format_table
@@ -66,11 +73,11 @@ def _evaluate_multitask(args: argparse.Namespace) -> int:
     predictor, layout = multitask_from_args(args)
     table = load_table(args.data)
     rows = layout.observations(table, args.target)
-    if not layout.is_long and predictor.model.site_noise is not None:
+    if conditions_on_rows(args, predictor, layout):
         Y = layout.observed_outputs(table)
         row, task = np.nonzero(~np.isnan(Y))  # the observations' order
-        mean, var = (value[task, row] for value in
-                     predictor.predict_given_outputs(layout.inputs(table), Y))
+        mean, var = (value[task, row] for value in predictor.predict_given_outputs(
+            layout.inputs(table), Y, args.new_rows))
         log_density = torch.distributions.Normal(mean, var.sqrt()).log_prob(
             torch.as_tensor(rows.y, dtype=mean.dtype))
     else:

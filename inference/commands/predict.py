@@ -19,7 +19,10 @@ OUTPUT_SUFFIXES = (".csv", ".npz")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pyrogp_models.inference.commands.multitask_inputs import add_new_rows
+
     add_predictor_arguments(parser)
+    add_new_rows(parser)
     add_out(parser)
 
 
@@ -34,7 +37,7 @@ def add_out(parser: argparse.ArgumentParser, metavar: str = "FILE") -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pyrogp_models.inference.commands.common import PREDICTIONS, check_output
-    from pyrogp_models.inference.commands.multitask_inputs import is_multitask
+    from pyrogp_models.inference.commands.multitask_inputs import conditions_on_rows, is_multitask
 
     from pyrogp_models.errors import DataError
     from pyrogp_models.modules.signed import atomic_write
@@ -46,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if is_multitask(args.modules):
         columns, outputs = _multitask_predictions(args)
     else:
+        conditions_on_rows(args, None, None)  # refuses --new-rows
         columns, outputs = _module_predictions(args)
     clashes = sorted(set(columns) & set(outputs))
     if clashes:
@@ -78,11 +82,14 @@ def _multitask_predictions(args: argparse.Namespace
                            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The input columns and the predictions of a multitask file: long form, each row for its
     own task; wide form, every row for every task (columns ``mean_<task>``, ``var_<task>``,
-    ``prob_<task>``, ...) — with correlated noise, each given the row's other observed
-    outputs (the table's target columns, where present)."""
+    ``prob_<task>``, ...) — with correlated noise or ``--new-rows``, each given the row's
+    other observed outputs (the table's target columns, where present)."""
     import numpy as np
     import torch
-    from pyrogp_models.inference.commands.multitask_inputs import multitask_from_args
+    from pyrogp_models.inference.commands.multitask_inputs import (
+        conditions_on_rows,
+        multitask_from_args,
+    )
 
     from pyrogp_models.data import load_table
 
@@ -90,15 +97,16 @@ def _multitask_predictions(args: argparse.Namespace
     table = load_table(args.data)
     X = layout.inputs(table)
     columns = {name: X[:, j] for j, name in enumerate(layout.features)}
+    given_outputs = conditions_on_rows(args, predictor, layout)
     if layout.is_long:
         columns[layout.task_column] = table.column(layout.task_column)
         with torch.no_grad():
             mean, var = (value.double().numpy()
                          for value in predictor.predict_y(X, layout.row_tasks(table)))
         return columns, output_columns(predictor.is_classifier, mean, var)
-    if predictor.model.site_noise is not None:
-        mean, var = (value.double().numpy() for value in
-                     predictor.predict_given_outputs(X, layout.observed_outputs(table)))
+    if given_outputs:
+        mean, var = (value.double().numpy() for value in predictor.predict_given_outputs(
+            X, layout.observed_outputs(table), args.new_rows))
     else:
         tasks = np.repeat(np.arange(len(layout.tasks)), len(X))
         with torch.no_grad():

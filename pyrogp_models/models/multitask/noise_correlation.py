@@ -189,20 +189,23 @@ def condition_on_site(mean: torch.Tensor, cov: torch.Tensor, noise: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """The predictive of every output h at N sites given the site's other observed outputs o,
     whose information about f is already in q(f) = N(mean [N, T], cov [N, T, T]): with the noise
-    covariance Σ [T, T], y_h = f_h + g(y_o − f_o) + ε with g = Σ_ho Σ_oo⁻¹, so
+    covariance Σ [T, T] (or one per site [N, T, T]), y_h = f_h + g(y_o − f_o) + ε with
+    g = Σ_ho Σ_oo⁻¹, so
 
         E = μ_h + g(y_o − μ_o),   V = cᵀ cov c + Σ_hh − g Σ_oh,   c = e_h − g,
 
-    mean and variance [N, T] (``observed`` [N, T] marks the y_o in ``values`` [N, T])."""
+    mean and variance [N, T] (``observed`` [N, T] marks the y_o in ``values`` [N, T]). For
+    outputs not in the fit, pass cov = 0 and Σ = cov + Σ: y ~ N(μ, cov + Σ) conditioned."""
     num_tasks = mean.shape[-1]
     eye = torch.eye(num_tasks, dtype=mean.dtype, device=mean.device)
     others = observed.unsqueeze(-2) & ~eye.bool()                              # [N, h, T]
     weight = others.to(mean.dtype)
-    padded = (noise * weight.unsqueeze(-1) * weight.unsqueeze(-2)
+    padded = (noise.unsqueeze(-3) * weight.unsqueeze(-1) * weight.unsqueeze(-2)
               + torch.diag_embed(1 - weight))                                  # [N, h, T, T]
     gain = torch.linalg.solve(padded, (noise * weight).unsqueeze(-1)).squeeze(-1) * weight
     residuals = torch.where(observed, values - mean, torch.zeros_like(mean))
     combination = eye - gain                                                   # [N, h, T]
-    var = (torch.einsum("nht,nts,nhs->nh", combination, cov, combination)
-           + noise.diagonal() - (gain * noise).sum(-1))
+    var = (torch.einsum("nht,nts,nhs->nh", combination, cov.expand(len(mean), -1, -1),
+                        combination)
+           + noise.diagonal(dim1=-2, dim2=-1) - (gain * noise).sum(-1))
     return mean + (gain * residuals.unsqueeze(-2)).sum(-1), var

@@ -86,6 +86,12 @@ class TaskGPs(PyroModule):
         return ((by_mean.unsqueeze(-2) @ phi).sum(0),
                 ((phi.mT * by_var.unsqueeze(-2)) @ phi).sum(0).unsqueeze(-3))
 
+    def joint_marginals(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q(f) of every task at points λ [N, D^λ] (L = 1): means [N, T] and the covariance
+        across tasks [N, T, T], diagonal (the tasks' GPs are independent)."""
+        mean, var = self.marginals(latent.unsqueeze(0))
+        return mean.mT, torch.diag_embed(var.mT)
+
     def conditional(self, whitened: torch.Tensor, latent: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """p(f^t | v) at λ given whitened inducing draws [..., T, L, M]."""
@@ -170,6 +176,16 @@ class CoregionalisedGP(PyroModule):
             prior = prior.unflatten(-1, latent.shape[-3:-1]).movedim(-4, -1).squeeze(-4)
             return b, 0.0, prior.expand(*prior.shape[:-3], tasks, *prior.shape[-2:])
         return b, 0.0, self._combine(prior, self.mixing.square(), latent)
+
+    def joint_marginals(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q(f) of every task at points λ [N, D^λ] (a joint q): means [N, T] and the covariance
+        across tasks [N, T, T], B S Bᵀ + Σ_r W_r W_rᵀ d_r with the rows b_t of B
+        (:meth:`features`) and S = L_q L_qᵀ."""
+        features, _, unexplained = self.features(latent.unsqueeze(0), per_latent=True)
+        spread = features @ self.layer.q_sqrt                                  # [T, N, K]
+        return ((features @ self.layer.q_mean.reshape(-1)).mT,
+                torch.einsum("tnk,snk->nts", spread, spread)
+                + torch.einsum("tr,sr,nr->nts", self.mixing, self.mixing, unexplained[0]))
 
     def data_gradients(self, latent: torch.Tensor, derivatives: Derivatives
                        ) -> tuple[torch.Tensor, torch.Tensor]:

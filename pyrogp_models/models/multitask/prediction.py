@@ -200,33 +200,37 @@ class MultitaskPredictor(Predictor):
             return self.to_data_units(mean, tasks), self.to_data_units(var, tasks, var=True)
         return mean, var
 
-    def predict_given_outputs(self, X, Y) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean and variance of y for every task at X [N, D] given the outputs observed at the
-        same inputs, Y [N, T] (NaN where not observed; data units): [T, N]. With correlated
-        noise a task's predictive conditions on the row's other observed outputs through the
-        noise they share (:func:`~.noise_correlation.condition_on_site`), taking what they say
-        about f to be in the fit already — exact for rows the model was fitted on; otherwise
-        :meth:`predict_tasks`."""
-        if self.model.site_noise is None:
+    def predict_given_outputs(self, X, Y, new_rows: bool = False
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and variance of y for every task at X [N, D] given the other outputs observed
+        at the same inputs, Y [N, T] (NaN where not observed; data units): [T, N]
+        (:func:`~.noise_correlation.condition_on_site`). Rows the model was fitted on
+        (``new_rows`` False): what their outputs say about f is in q(f) already, and they
+        inform a hidden output through the noise they share (correlated noise; without it,
+        :meth:`predict_tasks`). New rows: their outputs are new observations of f and of the
+        noise, y ~ N(μ, Cov_q(f) + Σ) conditioned. Single-layer models (iGP, cGP)."""
+        model = self.model
+        if model.is_deep or model.likelihood.name != "gaussian":
+            raise ValueError("predictions given the other outputs need a single-layer model "
+                             f"(igp, cgp) with a Gaussian likelihood, not {model.kind} with "
+                             f"{model.likelihood.name}")
+        if model.site_noise is None and not new_rows:
             return self.predict_tasks(X)
         X = self.inputs(X)
         Y = torch.as_tensor(Y, dtype=self.dtype, device=self.device)
         if Y.shape != (len(X), self.num_tasks):
             raise ValueError(f"expected outputs of shape [{len(X)}, {self.num_tasks}], got "
                              f"{tuple(Y.shape)}")
-        model, tasks = self.model, torch.arange(self.num_tasks, device=self.device)
+        tasks = torch.arange(self.num_tasks, device=self.device)
         observed = ~torch.isnan(Y)
         with torch.no_grad():
-            features, _, unexplained = model.top.features(
-                self.standardisation.transform_x(X).unsqueeze(0), per_latent=True)
-            q = model.top.layer
-            mean = (features @ q.q_mean.reshape(-1)).mT                            # [N, T]
-            spread = features @ q.q_sqrt                                           # [T, N, K]
-            mixing = model.top.mixing
-            cov = (torch.einsum("tnk,snk->nts", spread, spread)
-                   + torch.einsum("tr,sr,nr->nts", mixing, mixing, unexplained[0]))
+            mean, cov = model.top.joint_marginals(self.standardisation.transform_x(X))
             scale = model.likelihood.variance.sqrt()
-            noise = scale.unsqueeze(-1) * model.site_noise.correlation() * scale
+            correlation = (torch.eye(self.num_tasks, dtype=self.dtype, device=self.device)
+                           if model.site_noise is None else model.site_noise.correlation())
+            noise = scale.unsqueeze(-1) * correlation * scale
+            if new_rows:
+                cov, noise = torch.zeros_like(noise), cov + noise
             values = self.standardisation.transform_task_y(Y.nan_to_num(), tasks)
             mean, var = condition_on_site(mean, cov, noise, observed, values)
         return (self.to_data_units(mean.mT, tasks.unsqueeze(-1)),
