@@ -454,10 +454,13 @@ def real_job(kind: str, seed: int, s: Settings, name: str) -> dict:
         prediction = linear_regression_on_outputs(Y, hidden, train, test)
         return {"rmse": metrics.rmse(truth, prediction) / scale}
     fit = default_fit(pairs, kind, 0, s.max_steps, num_inducing=s.real_inducing)
-    known = Y[test].copy()
-    known[:, hidden] = np.nan
-    mean, _ = fit.predictor.predict_given_outputs(X[test], known)
-    return {"rmse": metrics.rmse(truth, mean[hidden].numpy()) / scale, **fit_record(fit)}
+    if fit.model.is_deep:
+        mean, _ = fit.predictor.predict_y(X[test], task_rows(X[test], hidden))
+    else:  # given the row's other outputs, as `pyrogp predict` gives a wide table
+        known = Y[test].copy()
+        known[:, hidden] = np.nan
+        mean = fit.predictor.predict_given_outputs(X[test], known)[0][hidden]
+    return {"rmse": metrics.rmse(truth, mean.numpy()) / scale, **fit_record(fit)}
 
 
 def experiment_real(results: dict, s: Settings, out: Path, suffix: str) -> tuple[str, dict]:

@@ -183,9 +183,9 @@ def test_the_default_cgp_predicts_a_hidden_output_from_the_noise_it_shares_with_
     """Wide data whose outputs share most of their noise at every input (a rough shared term
     no smooth f explains): the default cGP learns the correlation (``info`` shows it), and
     ``predict`` on the training table gives the hidden cells given the row's other output —
-    the predictor's :meth:`predict_given_outputs` — much closer than the marginal predictive,
-    and ``evaluate`` on the stretch scores the same predictions; ``--noise independent`` has
-    no correlation and predicts the marginal."""
+    the predictor's :meth:`predict_given_outputs` — much closer than the independent-noise
+    model, and ``evaluate`` on the stretch scores the same predictions; ``--rows-in-fit``
+    conditions through the noise alone."""
     rng = np.random.default_rng(4)
     x = np.sort(rng.uniform(0, 1, 80))
     common = 0.3 * rng.normal(size=80)
@@ -213,12 +213,11 @@ def test_the_default_cgp_predicts_a_hidden_output_from_the_noise_it_shares_with_
         rmse[noise] = float(np.sqrt(np.mean((predicted - table["b"][hidden]) ** 2)))
         report = json.loads(run_ok(capsys, "evaluate", out, "--data", stretch, "--json"))
         assert report["tasks"]["b"]["rmse"] == pytest.approx(rmse[noise], rel=1e-9)
-        run_ok(capsys, "predict", out, "--data", stretch, "--new-rows", "--out",
-               folder / "new.npz")
-        as_new, _ = predictor.predict_given_outputs(x[hidden, None], known[hidden],
-                                                    new_rows=True)
-        with np.load(folder / "new.npz") as saved:
-            np.testing.assert_allclose(saved["mean_b"], as_new[1].numpy(), rtol=1e-12)
+        run_ok(capsys, "predict", out, "--data", csv, "--rows-in-fit", "--out",
+               folder / "in_fit.npz")
+        in_fit, _ = predictor.predict_given_outputs(x[:, None], known, rows_in_fit=True)
+        with np.load(folder / "in_fit.npz") as saved:
+            np.testing.assert_allclose(saved["mean_b"], in_fit[1].numpy(), rtol=1e-12)
     correlation = load_multitask(folder / "noise_correlated.safetensors").model \
         .site_noise.correlation()
     assert float(correlation[1, 0]) < -0.8
@@ -332,13 +331,13 @@ BAD_FITS = {
 }
 
 
-def test_new_rows_apply_to_wide_single_layer_gaussian_files_only(capsys, folder, fitted,
-                                                                 held_out_csv):
+def test_rows_in_fit_apply_to_wide_single_layer_gaussian_files_only(capsys, folder, fitted,
+                                                                    held_out_csv):
     for command in ("predict", "evaluate"):
         extra = ["--out", folder / "rows.csv"] if command == "predict" else []
-        error = run_failing(capsys, command, fitted, "--data", held_out_csv, "--new-rows",
+        error = run_failing(capsys, command, fitted, "--data", held_out_csv, "--rows-in-fit",
                             *extra)
-        assert "--new-rows applies to wide-form multitask files of igp or cgp" in error
+        assert "--rows-in-fit applies to wide-form multitask files of igp or cgp" in error
 
 
 @pytest.mark.parametrize("case", BAD_FITS, ids=list(BAD_FITS))

@@ -63,7 +63,8 @@ def exact_covariance(model, X: torch.Tensor, tasks: torch.Tensor, X2: torch.Tens
 def test_with_every_input_inducing_cgp_is_the_exact_gp_with_correlated_noise():
     """Z = X: the collapsed bound is the exact log marginal likelihood, the ELBO after one unit
     natural step equals it, and every hidden output's predictive given its site's observed
-    outputs is the exact GP's (mean and variance); with C = I the bound differs."""
+    outputs, rows in the fit, is the exact GP's (mean and variance); with C = I the bound
+    differs."""
     x, Y, observed, data = wide_data()
     model = correlated_cgp(data, num_inducing=NUM_SITES)
     assert not model.options.learn_inducing                         # Z = X: the exact GP
@@ -77,7 +78,8 @@ def test_with_every_input_inducing_cgp_is_the_exact_gp_with_correlated_noise():
     identity = TaskStandardisation(np.zeros(1), np.ones(1), 0.0, 1.0, np.zeros(NUM_TASKS),
                                    np.ones(NUM_TASKS))
     known = torch.where(observed, Y, torch.full_like(Y, math.nan))
-    mean, var = MultitaskPredictor(model, identity).predict_given_outputs(x, known)
+    mean, var = MultitaskPredictor(model, identity).predict_given_outputs(x, known,
+                                                                          rows_in_fit=True)
     site, task = (~observed).nonzero().unbind(-1)
     cross = exact_covariance(model, x[site], task, data.X, data.task)
     prior = exact_covariance(model, x[site], task, x[site], task).diagonal()
@@ -93,7 +95,7 @@ def test_with_every_input_inducing_cgp_is_the_exact_gp_with_correlated_noise():
 
 @torch.no_grad()
 def test_new_rows_given_their_observed_outputs_are_the_exact_gp_with_those_outputs_added():
-    """``new_rows=True`` at inputs the fit never saw, some outputs observed there: every row's
+    """By default, at inputs the fit never saw with some outputs observed there: every row's
     hidden outputs are the exact GP's predictive given the training rows and that row's
     observed outputs (each row on its own)."""
     x, Y, observed, data = wide_data()
@@ -106,7 +108,7 @@ def test_new_rows_given_their_observed_outputs_are_the_exact_gp_with_those_outpu
                         generator=torch.Generator().manual_seed(9))
     known = torch.tensor([[1, 0, 1], [0, 1, 1], [1, 1, 0], [0, 0, 1], [1, 0, 0]], dtype=torch.bool)
     mean, var = MultitaskPredictor(model, identity).predict_given_outputs(
-        new_x, torch.where(known, new_Y, torch.full_like(new_Y, math.nan)), new_rows=True)
+        new_x, torch.where(known, new_Y, torch.full_like(new_Y, math.nan)))
     for row in range(5):
         seen, hidden = known[row].nonzero()[:, 0], (~known[row]).nonzero()[:, 0]
         X_all = torch.cat([data.X, new_x[row].expand(len(seen), 1)])

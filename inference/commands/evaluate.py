@@ -15,10 +15,10 @@ HELP = ("score a module, a module folder or a model file on labelled data (NLPD,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pyrogp_models.inference.commands.multitask_inputs import add_new_rows
+    from pyrogp_models.inference.commands.multitask_inputs import add_rows_in_fit
 
     add_predictor_arguments(parser)
-    add_new_rows(parser)
+    add_rows_in_fit(parser)
     parser.add_argument("--target", help="the observed column (default: the modules' target; "
                                          "a multitask file's, long form)")
     parser.add_argument("--json", action="store_true",
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     if is_multitask(args.modules):
         return _evaluate_multitask(args)
-    conditions_on_rows(args, None, None)  # refuses --new-rows
+    conditions_on_rows(args, None, None)  # refuses --rows-in-fit
     predictor = predictor_from_args(args)
     target = args.target or predictor.columns.target
     if target is None:
@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _evaluate_multitask(args: argparse.Namespace) -> int:
     """Metrics of a multitask file per task (the tasks with rows in the data) and over all
-    rows; in wide form with correlated noise or ``--new-rows``, every cell's predictive given
-    the row's other observed cells (as ``predict`` gives it)."""
+    rows; in wide form (igp, cgp), every cell's predictive given the row's other observed cells
+    (as ``predict`` gives it)."""
     import numpy as np
     import torch
     from pyrogp_models.inference.commands.multitask_inputs import (
@@ -77,7 +77,7 @@ def _evaluate_multitask(args: argparse.Namespace) -> int:
         Y = layout.observed_outputs(table)
         row, task = np.nonzero(~np.isnan(Y))  # the observations' order
         mean, var = (value[task, row] for value in predictor.predict_given_outputs(
-            layout.inputs(table), Y, args.new_rows))
+            layout.inputs(table), Y, args.rows_in_fit))
         log_density = torch.distributions.Normal(mean, var.sqrt()).log_prob(
             torch.as_tensor(rows.y, dtype=mean.dtype))
     else:

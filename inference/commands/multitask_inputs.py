@@ -141,27 +141,29 @@ class TaskColumns:
         return TaskRows(X[rows], task, Y[rows, task])
 
 
-def add_new_rows(parser: argparse.ArgumentParser) -> None:
-    """``--new-rows``: a wide table's outputs are new observations (``predict``, ``evaluate``)."""
-    parser.add_argument("--new-rows", action="store_true",
-                        help="multitask file, wide form (igp, cgp): the table's rows were not in "
-                             "the fit, so the outputs observed on a row inform f as well as the "
-                             "noise when its other outputs are predicted (default: rows the "
-                             "model was fitted on, e.g. empty cells to fill in)")
+def add_rows_in_fit(parser: argparse.ArgumentParser) -> None:
+    """``--rows-in-fit``: a wide table's rows were in the fit (``predict``, ``evaluate``)."""
+    parser.add_argument("--rows-in-fit", action="store_true",
+                        help="multitask file, wide form (igp, cgp): the table's rows are rows "
+                             "the model was fitted on (cells to fill in), so their observed "
+                             "outputs inform the others through their shared noise alone — "
+                             "exact there, far off on new rows (default: every row's observed "
+                             "outputs are new observations of f and of the noise)")
 
 
 def conditions_on_rows(args: argparse.Namespace, predictor: MultitaskPredictor | None,
                        layout: TaskColumns | None) -> bool:
     """Whether every output of a wide table is predicted given its row's other observed outputs
-    (:meth:`~pyrogp_models.models.multitask.MultitaskPredictor.predict_given_outputs`): with
-    correlated noise, or new rows; ``--new-rows`` anywhere else is an error."""
+    (:meth:`~pyrogp_models.models.multitask.MultitaskPredictor.predict_given_outputs`): for a
+    single-layer model with a Gaussian likelihood; ``--rows-in-fit`` anywhere else is an
+    error."""
     model = None if predictor is None else predictor.model
     fits = (layout is not None and not layout.is_long and not model.is_deep
             and model.likelihood.name == "gaussian")
-    if args.new_rows and not fits:
-        raise DataError("--new-rows applies to wide-form multitask files of igp or cgp with "
+    if args.rows_in_fit and not fits:
+        raise DataError("--rows-in-fit applies to wide-form multitask files of igp or cgp with "
                         "the gaussian likelihood")
-    return fits and (model.site_noise is not None or args.new_rows)
+    return fits
 
 
 def task_name(value: float) -> str:

@@ -19,10 +19,10 @@ OUTPUT_SUFFIXES = (".csv", ".npz")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pyrogp_models.inference.commands.multitask_inputs import add_new_rows
+    from pyrogp_models.inference.commands.multitask_inputs import add_rows_in_fit
 
     add_predictor_arguments(parser)
-    add_new_rows(parser)
+    add_rows_in_fit(parser)
     add_out(parser)
 
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if is_multitask(args.modules):
         columns, outputs = _multitask_predictions(args)
     else:
-        conditions_on_rows(args, None, None)  # refuses --new-rows
+        conditions_on_rows(args, None, None)  # refuses --rows-in-fit
         columns, outputs = _module_predictions(args)
     clashes = sorted(set(columns) & set(outputs))
     if clashes:
@@ -82,8 +82,8 @@ def _multitask_predictions(args: argparse.Namespace
                            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The input columns and the predictions of a multitask file: long form, each row for its
     own task; wide form, every row for every task (columns ``mean_<task>``, ``var_<task>``,
-    ``prob_<task>``, ...) — with correlated noise or ``--new-rows``, each given the row's
-    other observed outputs (the table's target columns, where present)."""
+    ``prob_<task>``, ...) — for igp and cgp each given the row's other observed outputs (the
+    table's target columns, where present)."""
     import numpy as np
     import torch
     from pyrogp_models.inference.commands.multitask_inputs import (
@@ -106,7 +106,7 @@ def _multitask_predictions(args: argparse.Namespace
         return columns, output_columns(predictor.is_classifier, mean, var)
     if given_outputs:
         mean, var = (value.double().numpy() for value in predictor.predict_given_outputs(
-            X, layout.observed_outputs(table), args.new_rows))
+            X, layout.observed_outputs(table), args.rows_in_fit))
     else:
         tasks = np.repeat(np.arange(len(layout.tasks)), len(X))
         with torch.no_grad():

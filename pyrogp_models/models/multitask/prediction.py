@@ -200,21 +200,22 @@ class MultitaskPredictor(Predictor):
             return self.to_data_units(mean, tasks), self.to_data_units(var, tasks, var=True)
         return mean, var
 
-    def predict_given_outputs(self, X, Y, new_rows: bool = False
+    def predict_given_outputs(self, X, Y, rows_in_fit: bool = False
                               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and variance of y for every task at X [N, D] given the other outputs observed
-        at the same inputs, Y [N, T] (NaN where not observed; data units): [T, N]
-        (:func:`~.noise_correlation.condition_on_site`). Rows the model was fitted on
-        (``new_rows`` False): what their outputs say about f is in q(f) already, and they
-        inform a hidden output through the noise they share (correlated noise; without it,
-        :meth:`predict_tasks`). New rows: their outputs are new observations of f and of the
-        noise, y ~ N(μ, Cov_q(f) + Σ) conditioned. Single-layer models (iGP, cGP)."""
+        on the same row, Y [N, T] (NaN where not observed; data units): [T, N]
+        (:func:`~.noise_correlation.condition_on_site`). The row's outputs are observations of
+        f and of the noise: y ~ N(μ, Cov_q(f) + Σ) conditioned on them — the exact GP's
+        predictive given the training rows and that row. ``rows_in_fit``: the rows were in the
+        fit, so what their outputs say about f is in q(f) already and they inform the others
+        through the noise they share alone (exact there; far off on rows the fit never saw,
+        whose residuals are mostly f's error). Single-layer models (iGP, cGP)."""
         model = self.model
         if model.is_deep or model.likelihood.name != "gaussian":
             raise ValueError("predictions given the other outputs need a single-layer model "
                              f"(igp, cgp) with a Gaussian likelihood, not {model.kind} with "
                              f"{model.likelihood.name}")
-        if model.site_noise is None and not new_rows:
+        if model.site_noise is None and rows_in_fit:
             return self.predict_tasks(X)
         X = self.inputs(X)
         Y = torch.as_tensor(Y, dtype=self.dtype, device=self.device)
@@ -229,7 +230,7 @@ class MultitaskPredictor(Predictor):
             correlation = (torch.eye(self.num_tasks, dtype=self.dtype, device=self.device)
                            if model.site_noise is None else model.site_noise.correlation())
             noise = scale.unsqueeze(-1) * correlation * scale
-            if new_rows:
+            if not rows_in_fit:
                 cov, noise = torch.zeros_like(noise), cov + noise
             values = self.standardisation.transform_task_y(Y.nan_to_num(), tasks)
             mean, var = condition_on_site(mean, cov, noise, observed, values)
