@@ -198,11 +198,12 @@ def test_sites_pair_the_k_th_repeat_of_every_task_at_an_input():
     assert sites.site[0] != sites.site[3] and sites.site[1] == sites.site[4]
 
 
-def test_outputs_that_copy_each_other_are_refused_with_correlated_noise_only():
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_outputs_that_copy_each_other_are_refused_with_correlated_noise_only(dtype):
     """b = 2a + 1 at every shared input: one noise, no optimum of its correlation short of
     singular; independent noise takes them."""
     _, _, _, data = wide_data()
-    x = torch.linspace(-1, 1, NUM_SITES, dtype=torch.float64)[:, None]
+    x = torch.linspace(-1, 1, NUM_SITES, dtype=dtype)[:, None]
     a = torch.sin(3 * x[:, 0])
     copied = TaskData(torch.cat([x, x]), torch.repeat_interleave(torch.arange(2), NUM_SITES),
                       torch.cat([a, 2 * a + 1]), 2)

@@ -75,16 +75,13 @@ class SiteLayout:
         mask = self.mask.reshape(*self.mask.shape, *([1] * (gathered.dim() - 2)))
         return gathered * mask
 
-    def to_rows(self, values: torch.Tensor) -> torch.Tensor:
-        """Per (site, task) values [G, T, *E] → per row [N, *E] (the inverse of :meth:`gather`
-        on observed outputs)."""
-        return values[self.site, self.tasks]
-
 
 def require_distinct_outputs(sites: SiteLayout, y: torch.Tensor) -> None:
     """Raise :class:`DataError` if two tasks are exact linear copies of each other at the
-    inputs where both are observed (at least three): their noise would be one noise, whose
-    correlation has no optimum short of singular."""
+    inputs where both are observed (at least three; |correlation| within 1e-9 of 1, or the
+    dtype's rounding): their noise would be one noise, whose correlation has no optimum short
+    of singular."""
+    tolerance = max(1e-9, 1e3 * torch.finfo(y.dtype).eps)
     values = sites.gather(y)
     for first in range(values.shape[-1]):
         for second in range(first + 1, values.shape[-1]):
@@ -96,7 +93,7 @@ def require_distinct_outputs(sites: SiteLayout, y: torch.Tensor) -> None:
             scale = centred.norm(dim=-1)
             if bool((scale == 0).any()):
                 continue  # a constant output is another check's concern
-            if float(1 - (centred[0] @ centred[1] / scale.prod()).abs()) < 1e-9:
+            if float(1 - (centred[0] @ centred[1] / scale.prod()).abs()) < tolerance:
                 raise DataError(f"tasks {first} and {second} are exact linear copies of each "
                                 f"other at the {int(both.sum())} inputs where both are "
                                 "observed: their noises cannot be told apart; drop one of "
