@@ -127,6 +127,16 @@ def add_predictor_arguments(parser: argparse.ArgumentParser) -> None:
     add_rule_arguments(parser, required=False)
 
 
+def add_rows_in_fit(parser: argparse.ArgumentParser) -> None:
+    """``--rows-in-fit``: a wide table's rows were in the fit (``predict``, ``evaluate``)."""
+    parser.add_argument("--rows-in-fit", action="store_true",
+                        help="multitask file, wide form (igp, cgp): the table's rows are rows "
+                             "the model was fitted on (cells to fill in), so their observed "
+                             "outputs inform the others through their shared noise alone — "
+                             "exact there, far off on new rows (default: every row's observed "
+                             "outputs are new observations of f and of the noise)")
+
+
 def add_rule_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
     """``--rule``, ``--weights`` and ``--temperature`` of an expert combination."""
     rule = ("product-of-experts rule: poe, gpoe, bcm, rbcm, grbcm, barycenter or "

@@ -28,4 +28,4 @@ def run(args: argparse.Namespace) -> int:
     if not args.modules.is_dir():
         raise DataError(f"{args.modules} is not a module folder; combine needs a folder of "
                         "modules (use pyrogp predict for a single module file)")
-    return predict.run(args)
+    return predict.run(argparse.Namespace(**vars(args), rows_in_fit=False))

@@ -7,7 +7,10 @@ import argparse
 import json
 import math
 
-from pyrogp_models.inference.commands.arguments import add_predictor_arguments
+from pyrogp_models.inference.commands.arguments import (
+    add_predictor_arguments,
+    add_rows_in_fit,
+)
 
 NAME = "evaluate"
 HELP = ("score a module, a module folder or a model file on labelled data (NLPD, RMSE, "
@@ -15,8 +18,6 @@ HELP = ("score a module, a module folder or a model file on labelled data (NLPD,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pyrogp_models.inference.commands.multitask_inputs import add_rows_in_fit
-
     add_predictor_arguments(parser)
     add_rows_in_fit(parser)
     parser.add_argument("--target", help="the observed column (default: the modules' target; "

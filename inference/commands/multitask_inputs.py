@@ -141,16 +141,6 @@ class TaskColumns:
         return TaskRows(X[rows], task, Y[rows, task])
 
 
-def add_rows_in_fit(parser: argparse.ArgumentParser) -> None:
-    """``--rows-in-fit``: a wide table's rows were in the fit (``predict``, ``evaluate``)."""
-    parser.add_argument("--rows-in-fit", action="store_true",
-                        help="multitask file, wide form (igp, cgp): the table's rows are rows "
-                             "the model was fitted on (cells to fill in), so their observed "
-                             "outputs inform the others through their shared noise alone — "
-                             "exact there, far off on new rows (default: every row's observed "
-                             "outputs are new observations of f and of the noise)")
-
-
 def conditions_on_rows(args: argparse.Namespace, predictor: MultitaskPredictor | None,
                        layout: TaskColumns | None) -> bool:
     """Whether every output of a wide table is predicted given its row's other observed outputs

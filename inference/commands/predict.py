@@ -7,7 +7,10 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pyrogp_models.inference.commands.arguments import add_predictor_arguments
+from pyrogp_models.inference.commands.arguments import (
+    add_predictor_arguments,
+    add_rows_in_fit,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -19,8 +22,6 @@ OUTPUT_SUFFIXES = (".csv", ".npz")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pyrogp_models.inference.commands.multitask_inputs import add_rows_in_fit
-
     add_predictor_arguments(parser)
     add_rows_in_fit(parser)
     add_out(parser)
