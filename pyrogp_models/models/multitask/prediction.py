@@ -215,8 +215,6 @@ class MultitaskPredictor(Predictor):
             raise ValueError("predictions given the other outputs need a single-layer model "
                              f"(igp, cgp) with a Gaussian likelihood, not {model.kind} with "
                              f"{model.likelihood.name}")
-        if model.site_noise is None and rows_in_fit:
-            return self.predict_tasks(X)
         X = self.inputs(X)
         Y = torch.as_tensor(Y, dtype=self.dtype, device=self.device)
         if Y.shape != (len(X), self.num_tasks):
