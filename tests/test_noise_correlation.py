@@ -5,8 +5,10 @@ forms against autograd, its Pyro observation against the joint density."""
 import math
 
 import numpy as np
+import pyro
 import pytest
 import torch
+from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
 from pyrogp_models.inference.natural_gradient import NaturalGradient, covariance_gradient
 
 from multitask_helpers import randomise
@@ -221,3 +223,24 @@ def test_correlated_noise_is_cgp_s_gaussian_full_batch_default_and_refused_elsew
     assert build_model("igp", data).site_noise is None
     with pytest.raises(ValueError, match="correlated noise needs cgp"):
         build_model("igp", data, MultitaskOptions(noise="correlated"))
+
+
+@pytest.mark.parametrize("elbo", [TraceMeanField_ELBO, Trace_ELBO])
+def test_a_users_svi_trains_the_correlation_and_its_loss_is_the_negative_elbo(elbo, param_mode):
+    """A Pyro user's own SVI on the correlated cGP moves every parameter, the noise correlation
+    included, and its loss, averaged over many particles, is −ELBO (the ELBO's expected log
+    likelihood is exact; SVI's is a Monte Carlo estimate of it)."""
+    _, _, _, data = wide_data(3)
+    model = randomise(correlated_cgp(data, num_inducing=6))
+    pyro.set_rng_seed(0)
+    estimate = elbo(num_particles=4000, vectorize_particles=True).loss(model.model, model.guide)
+    assert estimate == pytest.approx(-float(model.elbo()), abs=0.5)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()
+              if p.requires_grad}
+    assert any(name.startswith("site_noise.") for name in before)
+    svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": 0.01}), elbo())
+    for _ in range(3):
+        assert math.isfinite(svi.step())
+    unmoved = [name for name, p in model.named_parameters()
+               if p.requires_grad and torch.equal(p.detach(), before[name])]
+    assert unmoved == []

@@ -6,6 +6,10 @@ Exponents below log of the dtype's smallest normal number are raised to it befor
 exponential: far pairs (half the entries of a meta-GP's cross-covariance) would otherwise
 underflow to subnormals or zero, which the vectorised exponential computes several times more
 slowly; the entries they become (≤ 3·10⁻³⁰⁸ in float64) change no sum they enter.
+
+The exponential is taken as 2^(log₂e · PQᵀ), the scale folded into P: torch's base-2 exponential
+is 1.3× (float64) to 2× (float32) faster than its natural one on CPUs, and the extra rounding,
+≈ |PQᵀ|·ε relative, is of the order of the rounding the factored exponent already carries.
 """
 
 from __future__ import annotations
@@ -16,10 +20,10 @@ import torch
 
 
 def exp_of_product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """exp(left @ rightᵀ) [B, N, M] with the exponent floored at ⌈log of the smallest normal
-    number⌉ of the dtype (see the module docstring)."""
-    floor = math.ceil(math.log(torch.finfo(left.dtype).tiny))
-    return torch.bmm(left, right.mT).clamp_min_(floor).exp_()
+    """exp(left @ rightᵀ) [B, N, M] = 2^(log₂e · left @ rightᵀ), the exponent floored at
+    ⌈log₂ of the smallest normal number⌉ of the dtype (see the module docstring)."""
+    floor = math.ceil(math.log2(torch.finfo(left.dtype).tiny))
+    return torch.bmm(left * math.log2(math.e), right.mT).clamp_min_(floor).exp2_()
 
 
 def exponent_gradients(grad_exponent: torch.Tensor, left: torch.Tensor, right: torch.Tensor

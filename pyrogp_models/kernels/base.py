@@ -81,6 +81,11 @@ class Kernel(PyroModule):
         """diag k(X, X) of shape [*batch, N]."""
         return self(X, diag=True)
 
+    def paired(self, X: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
+        """k(x_n, z_n) of shape [*batch, N] for X, Z [*batch, N, D]: each row with its partner
+        only, as 1 × 1 covariances (stationary kernels: elementwise)."""
+        return self(X.unsqueeze(-2), Z.unsqueeze(-2))[..., 0, 0]
+
     def slice(self, X: torch.Tensor) -> torch.Tensor:
         """The active columns of X [..., D_all] → [..., D]."""
         if X.shape[-1] == self.input_dim and self.active_dims == list(range(self.input_dim)):

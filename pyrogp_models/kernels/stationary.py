@@ -138,6 +138,11 @@ class Stationary(Leaf):
         """σ² ρ(r²) [*batch, N, M]."""
         return stationary_covariance(self.family, X, Z, self.lengthscale, self.variance)
 
+    def paired(self, X: torch.Tensor, Z: torch.Tensor) -> torch.Tensor:
+        """k(x_n, z_n) = σ² ρ(Σ_d (x_nd − z_nd)²/ℓ_d²) [*batch, N], elementwise."""
+        scaled = (self.slice(X) - self.slice(Z)) / self.lengthscale.unsqueeze(-2)
+        return self.variance.unsqueeze(-1) * PROFILES[self.family](scaled.square().sum(-1))
+
     def weighted_cross(self, X: torch.Tensor, Z: torch.Tensor,
                        weights: torch.Tensor | None = None) -> torch.Tensor:
         """√w_n k(x_n, z_m) of shape [*batch, N, M] (w = 1 when ``weights`` is None); fused into

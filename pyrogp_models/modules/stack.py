@@ -153,11 +153,11 @@ class SiteBlock(NamedTuple):
 class SiteTrace(NamedTuple):
     """The G modules of one M_k-group for Σ_k tr(P_k K_kk) = Σ_k [Σ_i (P_k)_ii K_ii +
     Σ_{i<j} ((P_k)_ij + (P_k)_ji) K_ij] with a symmetric K_kk: the diagonal of K_kk and its
-    entries above the diagonal only, each pair (i, j) as a 1 × 1 block."""
+    entries above the diagonal only, each pair (i, j) a row of ``left`` and ``right``."""
 
     inducing: torch.Tensor  # Z_k, [G, M_k, D]
-    left: torch.Tensor  # z_ki of the pairs i < j, [G, P, 1, D]
-    right: torch.Tensor  # z_kj, [G, P, 1, D]
+    left: torch.Tensor  # z_ki of the pairs i < j, [G, P, D]
+    right: torch.Tensor  # z_kj, [G, P, D]
     diagonal: torch.Tensor  # (P_k)_ii, [G, M_k]
     off_diagonal: torch.Tensor  # (P_k)_ij + (P_k)_ji, [G, P]
 
@@ -285,8 +285,8 @@ class ModuleStack:
             precision = group.sites.precision
             rows, columns = torch.triu_indices(group.num_inducing, group.num_inducing, 1,
                                                device=precision.device)  # the pairs i < j
-            traces.append(SiteTrace(group.inducing, group.inducing[:, rows].unsqueeze(-2),
-                                    group.inducing[:, columns].unsqueeze(-2),
+            traces.append(SiteTrace(group.inducing, group.inducing[:, rows],
+                                    group.inducing[:, columns],
                                     precision.diagonal(dim1=-2, dim2=-1),
                                     precision[:, rows, columns] + precision[:, columns, rows]))
         return StackedSites(tuple(blocks), torch.cat([block.inputs for block in blocks]),

@@ -173,13 +173,15 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
         return self.kernel.weighted_cross(self.inducing, X)
 
     def module_covariance(self, inducing: torch.Tensor, other: torch.Tensor | None = None,
-                          diagonal: bool = False) -> torch.Tensor:
+                          diagonal: bool = False, paired: bool = False) -> torch.Tensor:
         """k(Z_k, Z_k') [..., M_k, M_k'] under the global kernel for module inducing inputs
         batched over modules (``other`` None: K_kk^{(*)} = k(Z_k, Z_k); ``diagonal``: its
-        diagonal [..., M_k]): every evaluation of the global kernel at the modules' inducing
-        inputs."""
+        diagonal [..., M_k]; ``paired``: k(z_i, z'_i) [..., P] row by row): every evaluation of
+        the global kernel at the modules' inducing inputs."""
         if diagonal:
             return self.kernel.diag(inducing)
+        if paired:
+            return self.kernel.paired(inducing, other)
         return self.kernel(inducing, other)
 
     def site_trace(self) -> torch.Tensor:
@@ -191,7 +193,7 @@ class MetaGP(OneLayer, BoundednessGuard, PyroModule):
             total = total + (self.module_covariance(trace.inducing, diagonal=True)
                              * trace.diagonal).sum()
             if trace.off_diagonal.shape[-1]:
-                pairs = self.module_covariance(trace.left, trace.right)[..., 0, 0]
+                pairs = self.module_covariance(trace.left, trace.right, paired=True)
                 total = total + (pairs * trace.off_diagonal).sum()
         return total
 
