@@ -100,6 +100,29 @@ def test_paired_evaluation_is_the_diagonal_of_the_cross_covariance(kind):
         torch.testing.assert_close(each.paired(A, B), expected, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("kind", ["matern12", "matern32", "rq", "periodic", "linear",
+                                  "composite"])
+def test_weighted_cross_covariance_and_gram_statistics_by_each_kinds_own_path(kind):
+    """√w_n k(x_n, z_m) by each kind's own path (weights folded into a factor or the profile's
+    one step) against the covariance times √w, the Gram statistics Ψ₂ = GᵀG, Ψ₁ = Gᵀ√w y
+    against their products, and the gradients of both against finite differences."""
+    kernel = random_composite(0) if kind == "composite" else build(kind)
+    weights = t(np.random.default_rng(2).uniform(0.2, 2.0, size=7))
+    expected = weights.sqrt()[:, None] * kernel(t(X), t(Z))
+    torch.testing.assert_close(kernel.weighted_cross(t(X), t(Z), weights), expected,
+                               rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda a, b: kernel.weighted_cross(a, b, weights),
+                                    (t(X).requires_grad_(), t(Z).requires_grad_()))
+    y = t(np.random.default_rng(3).normal(size=7))
+    gram, projected = kernel.weighted_gram(t(X), t(Z), weights, y)
+    torch.testing.assert_close(gram, expected.mT @ expected, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(projected, expected.mT @ (weights.sqrt() * y), rtol=1e-12,
+                               atol=1e-14)
+    assert torch.autograd.gradcheck(lambda a, b, c: kernel.weighted_gram(a, b, weights, c),
+                                    (t(X).requires_grad_(), t(Z).requires_grad_(),
+                                     y.requires_grad_()))
+
+
 def test_white_noise_counts_only_within_one_set_of_inputs():
     kernel = build("white")
     np.testing.assert_allclose(kernel(t(X)).detach().numpy(), 1.7 * np.eye(7))

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 from pyro.nn import PyroModule
 
+from pyrogp_models.kernels.fused_rbf import gram_statistics
 from pyrogp_models.layers.naming import unique_name
 
 
@@ -106,9 +107,9 @@ class Kernel(PyroModule):
 
     def weighted_gram(self, X: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor,
                       y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ψ₂ = k(Z, X)Wk(X, Z) [*batch, M, M] and Ψ₁ = k(Z, X)Wy [*batch, M] (W = diag w)."""
-        G = self.weighted_cross(X, Z, weights)
-        return G.mT @ G, (G.mT @ (weights.sqrt() * y).unsqueeze(-1)).squeeze(-1)
+        """Ψ₂ = k(Z, X)Wk(X, Z) [*batch, M, M] and Ψ₁ = k(Z, X)Wy [*batch, M] (W = diag w), from
+        G = √W k(X, Z) (:func:`~pyrogp_models.kernels.fused_rbf.gram_statistics`)."""
+        return gram_statistics(self.weighted_cross(X, Z, weights), weights.sqrt() * y)
 
     # Composition ----------------------------------------------------------------------------
     def __add__(self, other: Kernel) -> Kernel:

@@ -17,6 +17,10 @@ operands (one batch dimension), which is several times faster than broadcasting 
 
 The exponent is floored at log of the dtype's smallest normal number
 (:mod:`pyrogp_models.gaussian.exp_product`).
+
+The same machinery serves every kernel whose log is a product of thin factors (the periodic
+kernel: :func:`stacked_factors`, :func:`exp_cross_covariance`), and the Gram statistics of any
+weighted cross-covariance (:func:`gram_statistics`).
 """
 
 from __future__ import annotations
@@ -71,6 +75,60 @@ class GramOfExpOfProduct(torch.autograd.Function):
         return (*exponent_gradients(grad_G.mul_(G), left, right), grad_vector)
 
 
+class GramStatistics(torch.autograd.Function):
+    """(Ψ₂, Ψ₁) = (GᵀG, Gᵀv) for any weighted cross-covariance G [B, N, M] and v [B, N, 1]:
+    Ḡ = G(Ψ̄₂ + Ψ̄₂ᵀ) + vΨ̄₁ᵀ in one product, where autograd would form the two uses of G
+    separately and add them."""
+
+    @staticmethod
+    def forward(ctx, G: torch.Tensor, vector: torch.Tensor):
+        ctx.save_for_backward(G, vector)
+        return torch.bmm(G.mT, G), torch.bmm(G.mT, vector)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_gram: torch.Tensor, grad_projected: torch.Tensor):
+        G, vector = ctx.saved_tensors
+        grad_G = torch.bmm(G, grad_gram + grad_gram.mT).addcmul_(vector, grad_projected.mT)
+        grad_vector = torch.bmm(G, grad_projected) if ctx.needs_input_grad[1] else None
+        return grad_G, grad_vector
+
+
+def gram_statistics(G: torch.Tensor, vector: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ψ₂ = GᵀG [*batch, M, M] and Ψ₁ = Gᵀv [*batch, M] for G [*batch, N, M] and v [*batch, N]
+    (broadcastable batch), as 3-D products (:class:`GramStatistics`)."""
+    batch = _broadcast_batch(G.shape[:-2], vector.shape[:-1])
+    N, M = G.shape[-2:]
+    gram, projected = GramStatistics.apply(
+        G.expand(*batch, N, M).reshape(-1, N, M),
+        vector.expand(*batch, N).reshape(-1, N, 1))
+    return gram.reshape(*batch, M, M), projected.reshape(*batch, M)
+
+
+def half_log_weights(weights: torch.Tensor) -> torch.Tensor:
+    """½ log w_n [*batch, N], padding (w = 0) at :data:`PADDING_LOG_WEIGHT`."""
+    tiny = torch.finfo(weights.dtype).tiny
+    return 0.5 * torch.where(weights > 0, weights.clamp_min(tiny).log(), PADDING_LOG_WEIGHT)
+
+
+def stacked_factors(left_parts: list[torch.Tensor], right_parts: list[torch.Tensor]
+                    ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """P [B, N, R] and Q [B, M, R] from column blocks [*batch, N, r] and [*batch, M, r] of
+    broadcastable batch shapes, and the broadcast batch shape (B its size)."""
+    batch = _broadcast_batch(*(part.shape[:-2] for part in left_parts + right_parts))
+    N, M = left_parts[0].shape[-2], right_parts[0].shape[-2]
+    left = torch.cat([part.expand(*batch, N, part.shape[-1]) for part in left_parts], -1)
+    right = torch.cat([part.expand(*batch, M, part.shape[-1]) for part in right_parts], -1)
+    return left.reshape(-1, N, left.shape[-1]), right.reshape(-1, M, right.shape[-1]), batch
+
+
+def exp_cross_covariance(left: torch.Tensor, right: torch.Tensor, batch: tuple[int, ...]
+                         ) -> torch.Tensor:
+    """exp(P Qᵀ) [*batch, N, M] from :func:`stacked_factors` (:class:`ExpOfProduct`)."""
+    G = ExpOfProduct.apply(left, right)
+    return G.reshape(*batch, *G.shape[-2:])
+
+
 def _augmented_factors(X, Z, lengthscale, variance, weights):
     """P [B, N, D+2] and Q [B, M, D+2] with exp(PQᵀ) = √w ∘ k(X, Z), and the batch shape."""
     centre = Z.detach().mean(-2, keepdim=True)
@@ -79,20 +137,10 @@ def _augmented_factors(X, Z, lengthscale, variance, weights):
     Z_scaled = (Z - centre) / scale
     a = -0.5 * X_scaled.square().sum(-1)
     if weights is not None:
-        log_weight = torch.where(weights > 0, weights.clamp_min(torch.finfo(weights.dtype).tiny)
-                                 .log(), PADDING_LOG_WEIGHT)
-        a = a + 0.5 * log_weight
+        a = a + half_log_weights(weights)
     b = variance.log().unsqueeze(-1) - 0.5 * Z_scaled.square().sum(-1)
-    batch = _broadcast_batch(X_scaled.shape[:-2], Z_scaled.shape[:-2], a.shape[:-1],
-                             b.shape[:-1])
-    N, M = X_scaled.shape[-2], Z_scaled.shape[-2]
-    left = torch.cat([X_scaled.expand(*batch, N, X_scaled.shape[-1]),
-                      a.expand(*batch, N).unsqueeze(-1),
-                      torch.ones_like(a).expand(*batch, N).unsqueeze(-1)], -1)
-    right = torch.cat([Z_scaled.expand(*batch, M, Z_scaled.shape[-1]),
-                       torch.ones_like(b).expand(*batch, M).unsqueeze(-1),
-                       b.expand(*batch, M).unsqueeze(-1)], -1)
-    return left.reshape(-1, N, left.shape[-1]), right.reshape(-1, M, right.shape[-1]), batch
+    return stacked_factors([X_scaled, a.unsqueeze(-1), torch.ones_like(a).unsqueeze(-1)],
+                           [Z_scaled, torch.ones_like(b).unsqueeze(-1), b.unsqueeze(-1)])
 
 
 def rbf_weighted_cross_covariance(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor,
@@ -105,9 +153,7 @@ def rbf_weighted_cross_covariance(X: torch.Tensor, Z: torch.Tensor, lengthscale:
         lengthscale: [*batch, D] or [*batch, 1]; variance: [*batch].
         weights: non-negative point weights [*batch, N] (broadcastable); zero marks padding.
     """
-    left, right, batch = _augmented_factors(X, Z, lengthscale, variance, weights)
-    G = ExpOfProduct.apply(left, right)
-    return G.reshape(*batch, *G.shape[-2:])
+    return exp_cross_covariance(*_augmented_factors(X, Z, lengthscale, variance, weights))
 
 
 def rbf_exponent_factors(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor,

@@ -31,8 +31,22 @@ class Linear(Leaf):
 
     def covariance(self, X: torch.Tensor, Z: torch.Tensor, same: bool) -> torch.Tensor:
         """(X − c) diag(w) (Z − c)ᵀ [*batch, N, M]."""
+        return self._weighted_product(X, Z, None)
+
+    def weighted_cross(self, X: torch.Tensor, Z: torch.Tensor,
+                       weights: torch.Tensor | None = None) -> torch.Tensor:
+        """√w_n k(x_n, z_m) [*batch, N, M] (point weights w_n, not the slope weights)."""
+        return self._weighted_product(self.slice(X), self.slice(Z), weights)
+
+    def _weighted_product(self, X: torch.Tensor, Z: torch.Tensor,
+                          weights: torch.Tensor | None) -> torch.Tensor:
+        """(√w ∘ (X − c) diag(w_d)) (Z − c)ᵀ on sliced inputs: the point weights applied to the
+        thin left factor, not to the N × M result."""
         centre = self.centre.unsqueeze(-2)
-        return ((X - centre) * self.variance.unsqueeze(-2)) @ (Z - centre).mT
+        left = (X - centre) * self.variance.unsqueeze(-2)
+        if weights is not None:
+            left = left * weights.sqrt().unsqueeze(-1)
+        return left @ (Z - centre).mT
 
     def diagonal(self, X: torch.Tensor) -> torch.Tensor:
         """Σ_d w_d (x_d − c_d)² [*batch, N]."""

@@ -15,7 +15,7 @@ import torch
 
 from pyrogp_models.kernels.base import Role
 from pyrogp_models.kernels.leaf import Hyperparameter, Leaf
-from pyrogp_models.kernels.stationary import scaled_squared_distance
+from pyrogp_models.kernels.stationary import stationary_covariance
 
 
 class RationalQuadratic(Leaf):
@@ -28,7 +28,13 @@ class RationalQuadratic(Leaf):
                        Hyperparameter("alpha", Role.SHAPE))
 
     def covariance(self, X: torch.Tensor, Z: torch.Tensor, same: bool) -> torch.Tensor:
-        """σ² (1 + r²/(2α))^(−α) [*batch, N, M]."""
-        r2 = scaled_squared_distance(X, Z, self.lengthscale)
-        alpha = self.alpha[..., None, None]
-        return self.variance[..., None, None] * torch.exp(-alpha * torch.log1p(r2 / (2.0 * alpha)))
+        """σ² (1 + r²/(2α))^(−α) [*batch, N, M], in one autograd step
+        (:func:`pyrogp_models.kernels.stationary.stationary_covariance`)."""
+        return stationary_covariance("rq", X, Z, self.lengthscale, self.variance,
+                                     shape=self.alpha)
+
+    def weighted_cross(self, X: torch.Tensor, Z: torch.Tensor,
+                       weights: torch.Tensor | None = None) -> torch.Tensor:
+        """√w_n k(x_n, z_m) [*batch, N, M] (the weights in the same step)."""
+        return stationary_covariance("rq", self.slice(X), self.slice(Z), self.lengthscale,
+                                     self.variance, weights, self.alpha)

@@ -12,7 +12,6 @@ The functional form :func:`stationary_covariance` serves frozen modules, which c
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -24,60 +23,37 @@ from pyrogp_models.kernels.fused_rbf import (
     rbf_weighted_gram,
 )
 from pyrogp_models.kernels.leaf import Hyperparameter, Leaf
+from pyrogp_models.kernels.profiles import profile_function, scaled_profile_of_distances
 
-#: Smallest squared distance fed to a square root, keeping Matérn gradients finite at r = 0.
-_MIN_SQUARED_DISTANCE = 1e-36
-
-
-def _rbf(r2: torch.Tensor) -> torch.Tensor:
-    """exp(−r²/2)."""
-    return torch.exp(-0.5 * r2)
-
-
-def _matern12(r2: torch.Tensor) -> torch.Tensor:
-    """exp(−r)."""
-    return torch.exp(-r2.clamp_min(_MIN_SQUARED_DISTANCE).sqrt())
-
-
-def _matern32(r2: torch.Tensor) -> torch.Tensor:
-    """(1 + √3 r) exp(−√3 r)."""
-    s = math.sqrt(3.0) * r2.clamp_min(_MIN_SQUARED_DISTANCE).sqrt()
-    return (1.0 + s) * torch.exp(-s)
-
-
-def _matern52(r2: torch.Tensor) -> torch.Tensor:
-    """(1 + √5 r + 5r²/3) exp(−√5 r)."""
-    s = math.sqrt(5.0) * r2.clamp_min(_MIN_SQUARED_DISTANCE).sqrt()
-    return (1.0 + s + 5.0 / 3.0 * r2) * torch.exp(-s)
-
-
-#: Correlation profile of each kernel family as a function of the scaled squared distance r².
+#: Correlation profile of each kernel family as a function of the scaled squared distance r²
+#: (:mod:`pyrogp_models.kernels.profiles`: each one autograd step).
 PROFILES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "rbf": _rbf,
-    "matern12": _matern12,
-    "matern32": _matern32,
-    "matern52": _matern52,
-}
+    family: profile_function(family) for family in ("rbf", "matern12", "matern32", "matern52")}
 
 
-def scaled_squared_distance(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor
-                            ) -> torch.Tensor:
-    """r²_nm = Σ_d (x_nd − z_md)²/ℓ_d²; [*batch, N, D] × [*batch, M, D] → [*batch, N, M]. The
-    inputs are centred on Z's mean first (distances do not change), so the expanded square
-    loses no accuracy far from the origin."""
+def scaled_inputs(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(X − c)/ℓ and (Z − c)/ℓ with c the mean of Z: distances do not change, and their
+    expanded square loses no accuracy far from the origin."""
     scale = lengthscale.unsqueeze(-2)
     centre = Z.detach().mean(-2, keepdim=True)
-    Xs, Zs = (X - centre) / scale, (Z - centre) / scale
-    r2 = (Xs.square().sum(-1).unsqueeze(-1) + Zs.square().sum(-1).unsqueeze(-2)
-          - 2.0 * Xs @ Zs.mT)
-    return r2.clamp_min(0.0)
+    return (X - centre) / scale, (Z - centre) / scale
 
 
 def stationary_covariance(family: str, X: torch.Tensor, Z: torch.Tensor,
-                          lengthscale: torch.Tensor, variance: torch.Tensor) -> torch.Tensor:
-    """k(X, Z) = σ² ρ(r²) for the named family, batched over leading dimensions."""
-    r2 = scaled_squared_distance(X, Z, lengthscale)
-    return variance.unsqueeze(-1).unsqueeze(-1) * PROFILES[family](r2)
+                          lengthscale: torch.Tensor, variance: torch.Tensor,
+                          weights: torch.Tensor | None = None,
+                          shape: torch.Tensor | None = None) -> torch.Tensor:
+    """k(X, Z) = σ² ρ(r²) for the named family, batched over leading dimensions (``weights``:
+    √w_n k(x_n, z_m); ``shape``: the profile's shape parameter [*batch], the rational
+    quadratic's α): ρ of the :func:`scaled_inputs` and the scale in one autograd step
+    (:func:`pyrogp_models.kernels.profiles.scaled_profile_of_distances`)."""
+    scale = variance.unsqueeze(-1).unsqueeze(-1)
+    if weights is not None:
+        scale = scale * weights.sqrt().unsqueeze(-1)
+    if shape is not None:
+        shape = shape.unsqueeze(-1).unsqueeze(-1)
+    return scaled_profile_of_distances(family, *scaled_inputs(X, Z, lengthscale), scale, shape)
 
 
 def stationary_diagonal(X: torch.Tensor, variance: torch.Tensor) -> torch.Tensor:
@@ -146,11 +122,13 @@ class Stationary(Leaf):
     def weighted_cross(self, X: torch.Tensor, Z: torch.Tensor,
                        weights: torch.Tensor | None = None) -> torch.Tensor:
         """√w_n k(x_n, z_m) of shape [*batch, N, M] (w = 1 when ``weights`` is None); fused into
-        one product and one exponential for the RBF (:mod:`pyrogp_models.kernels.fused_rbf`)."""
+        one product and one exponential for the RBF (:mod:`pyrogp_models.kernels.fused_rbf`),
+        one autograd step for the others (:func:`stationary_covariance`)."""
         if self.family == "rbf":
             return rbf_weighted_cross_covariance(self.slice(X), self.slice(Z), self.lengthscale,
                                                  self.variance, weights)
-        return super().weighted_cross(X, Z, weights)
+        return stationary_covariance(self.family, self.slice(X), self.slice(Z),
+                                     self.lengthscale, self.variance, weights)
 
     def exponent_factors(self, X: torch.Tensor, Z: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor] | None:
