@@ -23,7 +23,7 @@ from pyrogp_models.errors import (
     UnboundedBoundError,
 )
 from pyrogp_models.gaussian import conditionals
-from pyrogp_models.kernels import Stationary, stationary_covariance, stationary_kernel
+from pyrogp_models.kernels import Periodic, Stationary, stationary_covariance, stationary_kernel
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.models.local.svgp import BatchedSVGP
@@ -667,17 +667,25 @@ def test_site_quadratic_from_exponent_factors_against_dense_algebra():
     assert torch.autograd.gradcheck(lambda p, q, l: tuple(stacked(p, q, l.tril())), arguments)
 
 
-def test_the_fused_rbf_path_gives_the_bound_and_gradient_of_the_kernel_matrices(monkeypatch):
-    """The meta-GP's bound through the RBF's exponent factors (all blocks' factors at once,
-    split) equals the bound through each block's kernel matrix, value and gradient."""
+@pytest.mark.parametrize("kind", ["rbf", "periodic"])
+def test_the_exponent_factor_path_gives_the_bound_and_gradient_of_the_kernel_matrices(
+        monkeypatch, kind):
+    """The meta-GP's bound through the kernel's exponent factors (the RBF's, the periodic
+    kernel's; all blocks' factors at once, split) equals the bound through each block's kernel
+    matrix, value and gradient."""
     stack = ModuleStack.from_modules(heterogeneous_modules())
     results = []
     for fused in (True, False):
-        meta = MetaGP(stack, torch.linspace(-0.5, 4.5, 7).unsqueeze(-1),
-                      Stationary("rbf", 1, (), False, 0.8, 1.5), on_unbounded="warn")
+        kernel = Stationary("rbf", 1, (), False, 0.8, 1.5) if kind == "rbf" else Periodic(
+            1, period=6.0, lengthscale=0.9, variance=1.5, dtype=torch.float64)
+        meta = MetaGP(stack, torch.linspace(-0.5, 4.5, 7).unsqueeze(-1), kernel,
+                      on_unbounded="warn")
+        assert meta.kernel.exponent_factors(meta.inducing, meta.inducing) is not None
         if not fused:
             monkeypatch.setattr(meta.kernel, "exponent_factors", lambda X, Z: None)
-        results.append(bound_and_gradient(meta, lambda m: m.bound() + m.collapsed_bound()))
+        # (the periodic kernel is unlike these modules' RBF: its collapsed bound is unbounded)
+        results.append(bound_and_gradient(meta, lambda m: m.bound() + (
+            m.collapsed_bound() if kind == "rbf" else 0.0)))
     assert_same_value_and_gradient(*results)
 
 

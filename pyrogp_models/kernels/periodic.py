@@ -46,6 +46,15 @@ class Periodic(Leaf):
         """√w_n k(x_n, z_m) [*batch, N, M] (the weights inside the exponent)."""
         return exp_cross_covariance(*self._factors(self.slice(X), self.slice(Z), weights))
 
+    def exponent_factors(self, X: torch.Tensor, Z: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(P [N, 2D+2], Q [M, 2D+2]) with k(X, Z) = exp(P Qᵀ) (module docstring); None for a
+        batched kernel."""
+        if self.batch_shape != ():
+            return None
+        left, right, _ = self._factors(self.slice(X), self.slice(Z), None)
+        return left.squeeze(0), right.squeeze(0)
+
     def _factors(self, X: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor | None):
         """P [B, N, 2D+2], Q [B, M, 2D+2] and the batch shape (module docstring)."""
         centre = Z.detach().mean(-2, keepdim=True)
