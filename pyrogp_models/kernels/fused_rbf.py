@@ -82,12 +82,14 @@ class GramStatistics(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, G: torch.Tensor, vector: torch.Tensor):
+        """Ψ₂ = GᵀG [B, M, M] and Ψ₁ = Gᵀv [B, M, 1]."""
         ctx.save_for_backward(G, vector)
         return torch.bmm(G.mT, G), torch.bmm(G.mT, vector)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_gram: torch.Tensor, grad_projected: torch.Tensor):
+        """Ḡ = G(Ψ̄₂ + Ψ̄₂ᵀ) + vΨ̄₁ᵀ; v̄ = GΨ̄₁ when asked for."""
         G, vector = ctx.saved_tensors
         grad_G = torch.bmm(G, grad_gram + grad_gram.mT).addcmul_(vector, grad_projected.mT)
         grad_vector = torch.bmm(G, grad_projected) if ctx.needs_input_grad[1] else None
