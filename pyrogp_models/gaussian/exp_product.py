@@ -18,12 +18,15 @@ import math
 
 import torch
 
+#: log₂e: e^x = 2^(x log₂e).
+LOG2_E = math.log2(math.e)
+
 
 def exp_of_product(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     """exp(left @ rightᵀ) [B, N, M] = 2^(log₂e · left @ rightᵀ), the exponent floored at
     ⌈log₂ of the smallest normal number⌉ of the dtype (see the module docstring)."""
     floor = math.ceil(math.log2(torch.finfo(left.dtype).tiny))
-    return torch.bmm(left * math.log2(math.e), right.mT).clamp_min_(floor).exp2_()
+    return torch.bmm(left * LOG2_E, right.mT).clamp_min_(floor).exp2_()
 
 
 def exponent_gradients(grad_exponent: torch.Tensor, left: torch.Tensor, right: torch.Tensor

@@ -29,6 +29,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from pyrogp_models.gaussian.exp_product import exp_of_product, exponent_gradients
+from pyrogp_models.kernels.profiles import scaled_inputs
 
 #: Log-weight given to padding (w = 0): its rows of G are exp of the exponent's floor
 #: (≤ 3·10⁻³⁰⁸ in float64), and exactly zero in Ψ₂ and Ψ₁ (their squares underflow; v = √w y = 0).
@@ -53,6 +54,15 @@ class ExpOfProduct(torch.autograd.Function):
         return exponent_gradients(grad * out, left, right)
 
 
+def _gram_backward(G: torch.Tensor, vector: torch.Tensor, grad_gram: torch.Tensor,
+                   grad_projected: torch.Tensor, needs_vector: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Ḡ = G(Ψ̄₂ + Ψ̄₂ᵀ) + vΨ̄₁ᵀ and v̄ = GΨ̄₁ (None unless ``needs_vector``) of (Ψ₂, Ψ₁) =
+    (GᵀG, Gᵀv), all [B, ·, ·]."""
+    grad_G = torch.bmm(G, grad_gram + grad_gram.mT).addcmul_(vector, grad_projected.mT)
+    return grad_G, torch.bmm(G, grad_projected) if needs_vector else None
+
+
 class GramOfExpOfProduct(torch.autograd.Function):
     """(Ψ₂, Ψ₁) = (GᵀG, Gᵀv) with G = exp(P Qᵀ), for P [B, N, R], Q [B, M, R], v [B, N, 1];
     G is kept for the backward pass, nothing else of size N×M."""
@@ -70,8 +80,8 @@ class GramOfExpOfProduct(torch.autograd.Function):
         """∂G = G(∂Ψ₂ + ∂Ψ₂ᵀ) + v∂Ψ₁ᵀ, then through G = exp(E) as in :class:`ExpOfProduct`;
         the gradient of v is G∂Ψ₁ [B, N, 1] when asked for."""
         left, right, vector, G = ctx.saved_tensors
-        grad_G = torch.bmm(G, grad_gram + grad_gram.mT).addcmul_(vector, grad_projected.mT)
-        grad_vector = torch.bmm(G, grad_projected) if ctx.needs_input_grad[2] else None
+        grad_G, grad_vector = _gram_backward(G, vector, grad_gram, grad_projected,
+                                             ctx.needs_input_grad[2])
         return (*exponent_gradients(grad_G.mul_(G), left, right), grad_vector)
 
 
@@ -91,9 +101,7 @@ class GramStatistics(torch.autograd.Function):
     def backward(ctx, grad_gram: torch.Tensor, grad_projected: torch.Tensor):
         """Ḡ = G(Ψ̄₂ + Ψ̄₂ᵀ) + vΨ̄₁ᵀ; v̄ = GΨ̄₁ when asked for."""
         G, vector = ctx.saved_tensors
-        grad_G = torch.bmm(G, grad_gram + grad_gram.mT).addcmul_(vector, grad_projected.mT)
-        grad_vector = torch.bmm(G, grad_projected) if ctx.needs_input_grad[1] else None
-        return grad_G, grad_vector
+        return _gram_backward(G, vector, grad_gram, grad_projected, ctx.needs_input_grad[1])
 
 
 def gram_statistics(G: torch.Tensor, vector: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,10 +141,7 @@ def exp_cross_covariance(left: torch.Tensor, right: torch.Tensor, batch: tuple[i
 
 def _augmented_factors(X, Z, lengthscale, variance, weights):
     """P [B, N, D+2] and Q [B, M, D+2] with exp(PQᵀ) = √w ∘ k(X, Z), and the batch shape."""
-    centre = Z.detach().mean(-2, keepdim=True)
-    scale = lengthscale.unsqueeze(-2)
-    X_scaled = (X - centre) / scale
-    Z_scaled = (Z - centre) / scale
+    X_scaled, Z_scaled = scaled_inputs(X, Z, lengthscale)
     a = -0.5 * X_scaled.square().sum(-1)
     if weights is not None:
         a = a + half_log_weights(weights)

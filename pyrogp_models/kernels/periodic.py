@@ -26,6 +26,7 @@ import torch
 from pyrogp_models.kernels.base import Role
 from pyrogp_models.kernels.fused_rbf import exp_cross_covariance, half_log_weights, stacked_factors
 from pyrogp_models.kernels.leaf import Hyperparameter, Leaf
+from pyrogp_models.kernels.profiles import scaled_inputs
 
 
 class Periodic(Leaf):
@@ -57,9 +58,7 @@ class Periodic(Leaf):
 
     def _factors(self, X: torch.Tensor, Z: torch.Tensor, weights: torch.Tensor | None):
         """P [B, N, 2D+2], Q [B, M, 2D+2] and the batch shape (module docstring)."""
-        centre = Z.detach().mean(-2, keepdim=True)
-        frequency = 2.0 * math.pi / self.period.unsqueeze(-2)
-        angle_x, angle_z = (X - centre) * frequency, (Z - centre) * frequency
+        angle_x, angle_z = scaled_inputs(X, Z, self.period / (2.0 * math.pi))
         inverse = self.lengthscale.square().reciprocal()
         inverse = inverse.expand(*inverse.shape[:-1], X.shape[-1])  # one −1/ℓ² per dimension
         row = torch.zeros_like(angle_x[..., :1]) if weights is None else \

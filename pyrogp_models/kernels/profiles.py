@@ -13,15 +13,15 @@ would).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from pyrogp_models.gaussian.exp_product import LOG2_E
+
 #: Smallest squared distance fed to a square root with a 1/r slope (Matérn 1/2).
 MIN_SQUARED_DISTANCE = 1e-36
-LOG2_E = math.log2(math.e)
 
 #: (r², shape parameter or None) ↦ (ρ, dρ/dr², dρ/dα or None).
 ValueAndSlope = Callable[[torch.Tensor, torch.Tensor | None],
@@ -89,6 +89,16 @@ VALUES_AND_SLOPES: dict[str, ValueAndSlope] = {
 }
 
 
+def scaled_inputs(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(X − c)/ℓ and (Z − c)/ℓ [*batch, N|M, D] with c the mean of Z (held constant):
+    differences do not change, and their expanded squares (or angles) stay small far from the
+    origin."""
+    scale = lengthscale.unsqueeze(-2)
+    centre = Z.detach().mean(-2, keepdim=True)
+    return (X - centre) / scale, (Z - centre) / scale
+
+
 #: Up to this many input dimensions r² is summed from differences (exact, two passes per
 #: dimension); beyond, expanded as ‖x‖² + ‖z‖² − 2xᵀz (one product, four passes).
 DIRECT_DIMENSIONS = 2
@@ -139,16 +149,19 @@ class _ScaledProfileOfInputs(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         X, Z, scale, shape, value, slope, by_shape = ctx.saved_tensors
-        grad_scale = (grad * value).sum(-1, keepdim=True).sum_to_size(scale.shape)
+        needs_X, needs_Z, needs_scale, needs_shape, _ = ctx.needs_input_grad
+        grad_X = grad_Z = grad_scale = grad_shape = None
+        if needs_scale:
+            grad_scale = (grad * value).sum(-1, keepdim=True).sum_to_size(scale.shape)
         G = grad * scale
-        grad_shape = None
-        if ctx.needs_input_grad[3]:
+        if needs_shape:
             grad_shape = (G * by_shape).sum((-2, -1), keepdim=True).sum_to_size(shape.shape)
         G.mul_(slope)
-        grad_X = (X * G.sum(-1, keepdim=True) - G @ Z).mul_(2.0)
-        grad_Z = (Z * G.sum(-2).unsqueeze(-1) - G.mT @ X).mul_(2.0)
-        return (grad_X.sum_to_size(X.shape), grad_Z.sum_to_size(Z.shape), grad_scale,
-                grad_shape, None)
+        if needs_X:
+            grad_X = (X * G.sum(-1, keepdim=True) - G @ Z).mul_(2.0).sum_to_size(X.shape)
+        if needs_Z:
+            grad_Z = (Z * G.sum(-2).unsqueeze(-1) - G.mT @ X).mul_(2.0).sum_to_size(Z.shape)
+        return grad_X, grad_Z, grad_scale, grad_shape, None
 
 
 def profile(family: str, r2: torch.Tensor) -> torch.Tensor:

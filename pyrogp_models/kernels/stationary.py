@@ -23,21 +23,16 @@ from pyrogp_models.kernels.fused_rbf import (
     rbf_weighted_gram,
 )
 from pyrogp_models.kernels.leaf import Hyperparameter, Leaf
-from pyrogp_models.kernels.profiles import profile_function, scaled_profile_of_distances
+from pyrogp_models.kernels.profiles import (
+    profile_function,
+    scaled_inputs,
+    scaled_profile_of_distances,
+)
 
 #: Correlation profile of each kernel family as a function of the scaled squared distance r²
 #: (:mod:`pyrogp_models.kernels.profiles`: each one autograd step).
 PROFILES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     family: profile_function(family) for family in ("rbf", "matern12", "matern32", "matern52")}
-
-
-def scaled_inputs(X: torch.Tensor, Z: torch.Tensor, lengthscale: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(X − c)/ℓ and (Z − c)/ℓ with c the mean of Z: distances do not change, and their
-    expanded square loses no accuracy far from the origin."""
-    scale = lengthscale.unsqueeze(-2)
-    centre = Z.detach().mean(-2, keepdim=True)
-    return (X - centre) / scale, (Z - centre) / scale
 
 
 def stationary_covariance(family: str, X: torch.Tensor, Z: torch.Tensor,
@@ -46,8 +41,8 @@ def stationary_covariance(family: str, X: torch.Tensor, Z: torch.Tensor,
                           shape: torch.Tensor | None = None) -> torch.Tensor:
     """k(X, Z) = σ² ρ(r²) for the named family, batched over leading dimensions (``weights``:
     √w_n k(x_n, z_m); ``shape``: the profile's shape parameter [*batch], the rational
-    quadratic's α): ρ of the :func:`scaled_inputs` and the scale in one autograd step
-    (:func:`pyrogp_models.kernels.profiles.scaled_profile_of_distances`)."""
+    quadratic's α): ρ of the scaled inputs and the scale in one autograd step
+    (:mod:`pyrogp_models.kernels.profiles`)."""
     scale = variance.unsqueeze(-1).unsqueeze(-1)
     if weights is not None:
         scale = scale * weights.sqrt().unsqueeze(-1)
