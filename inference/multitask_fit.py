@@ -14,7 +14,10 @@ the library's trainer (:func:`pyrogp_models.inference.trainer.train`):
   cMDGP) that way, starts from it (:func:`~pyrogp_models.models.multitask.warm_start.embed_shallow`:
   the same predictions, the inner layer at its prior) and trains by Adam — with
   natural-gradient steps on the top layer's q(u) where the likelihood is Gaussian — until the
-  change of its estimated ELBO is within its Monte Carlo noise. Its ELBO is then estimated
+  change of its estimated ELBO is within its Monte Carlo noise. An mMDGP whose shared process
+  has a free column starts instead with the latent of the task with the most rows in it
+  (:func:`~pyrogp_models.models.multitask.warm_start.embed_transfer`), so that the other tasks
+  can learn their outputs as functions of it. The deep ELBO is then estimated
   precisely (:func:`estimate_elbo`, common random numbers) and compared with the embedded shallow
   model's: the better state is kept, so a deep fit never ends below the shallow model it contains.
 
@@ -47,10 +50,20 @@ from pyrogp_models.models.multitask import (
     as_task_data,
     build_model,
 )
-from pyrogp_models.models.multitask.warm_start import CONTAINED, SWITCHED_OFF, embed_shallow
+from pyrogp_models.models.multitask.warm_start import (
+    CONTAINED,
+    SWITCHED_OFF,
+    embed_shallow,
+    embed_transfer,
+    source_task,
+    transfer_column,
+)
 
 #: Draws of the latent space per row for the precise ELBO of a deep model.
 ELBO_SAMPLES = 64
+#: Unit natural-gradient steps on the top layer's q(u) after a transfer start (which leaves it at
+#: the prior) before training.
+TRANSFER_NATURAL_STEPS = 5
 #: Samples × rows × inducing points evaluated at once by :func:`estimate_elbo`.
 CHUNK_ELEMENTS = 2**22
 
@@ -222,7 +235,7 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
         phases.append(_phase(shallow, _train(shallow, shallow_config)))
         embed_shallow(model, shallow, SWITCHED_OFF)
         reference = {key: value.clone() for key, value in model.state_dict().items()}
-        embed_shallow(model, shallow)
+        _start_deep(model, shallow, config)
     result = _train(model, config)
     phases.append(_phase(model, result))
     kept = spec.model
@@ -236,6 +249,20 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     predictor = MultitaskPredictor(model, standardisation, spec.predictive_samples, seed)
     return MultitaskFit(model, result, predictor, standardisation, spec, model_data,
                         estimate_elbo(model, seed=seed), phases, kept)
+
+
+def _start_deep(model: MultitaskGP, shallow: MultitaskGP, config: TrainConfig) -> None:
+    """Where a deep model trains from: the transfer start where it has one (its top q(u) then
+    set by :data:`TRANSFER_NATURAL_STEPS` unit natural-gradient steps when the training takes
+    such steps), else the embedded shallow model with the inner variance of its options."""
+    if transfer_column(model) is None:
+        embed_shallow(model, shallow)
+        return
+    embed_transfer(model, shallow, source_task(model.data_task, model.num_tasks))
+    if config.natural_gradient_lr is not None:
+        natural_step = NaturalGradient(model, 1.0)
+        for _ in range(TRANSFER_NATURAL_STEPS):
+            natural_step(lambda: -model.elbo())
 
 
 def _train(model: MultitaskGP, config: TrainConfig) -> TrainResult:

@@ -18,7 +18,15 @@ from pyrogp_models.inference.trainer import TrainConfig, train
 from multitask_helpers import randomise, toy_data, toy_model
 from pyrogp_models.models.multitask import MODELS, build_model, toy_tasks
 from pyrogp_models.models.multitask.options import MAX_DEFAULT_TASK_INDUCING, MultitaskOptions
-from pyrogp_models.models.multitask.warm_start import CONTAINED, SWITCHED_OFF, embed_shallow
+from pyrogp_models.models.multitask.warm_start import (
+    CONTAINED,
+    LATENT_LENGTHSCALE,
+    SWITCHED_OFF,
+    embed_shallow,
+    embed_transfer,
+    source_task,
+    transfer_column,
+)
 
 DEEP = sorted(CONTAINED)
 
@@ -78,6 +86,32 @@ def test_a_deep_model_embedding_its_shallow_model_has_the_shallow_elbo(kind):
     _, deep_mean, _ = deep.output_moments(x, deep.draw_noise(1, (2, 5), x))
     _, shallow_mean, _ = shallow.output_moments(x, None)
     assert torch.allclose(deep_mean[0], shallow_mean[0], atol=0.05)
+
+
+@pytest.mark.parametrize("source", [0, 1])
+def test_a_transfer_start_puts_the_source_tasks_gp_in_the_shared_column(source):
+    """The free shared column's q marginals are iGP's of the source task; the private columns
+    are the inputs; every top GP sees the latent at LATENT_LENGTHSCALE."""
+    data, _ = toy_data(20, gap=(0.3, 0.6))
+    options = MultitaskOptions(num_inducing=7)
+    shallow = randomise(build_model("igp", data, options))
+    deep = randomise(build_model("mmdgp", data, options), seed=2)
+    column = transfer_column(deep)
+    assert column == 1 and transfer_column(build_model("smdgp", data, options)) is None
+    embed_transfer(deep, shallow, source)
+    x = torch.linspace(-2.0, 2.0, 9).reshape(1, 9, 1)
+    shared_mean, shared_var = deep.latent.shared.marginals(x)
+    igp_mean, igp_var = shallow.top.layer.marginals(x.unsqueeze(1))
+    torch.testing.assert_close(shared_mean[0, :, column], igp_mean[source, 0], rtol=1e-12,
+                               atol=1e-12)
+    torch.testing.assert_close(shared_var[0, :, column], igp_var[source, 0], rtol=1e-12,
+                               atol=1e-12)
+    private_mean, private_var = deep.latent.private.marginals(x)
+    torch.testing.assert_close(private_mean[..., 0], x[..., 0].expand(2, -1))
+    assert float(private_var.max()) < 1e-10 and float(deep.latent.private.kl()) == 0.0
+    lengthscale = deep.top.layer.kernel.lengthscale.squeeze(-2)
+    assert bool((lengthscale[:, column] == LATENT_LENGTHSCALE).all())
+    assert source_task(data.task, data.num_tasks) == int(torch.bincount(data.task).argmax())
 
 
 def test_a_deep_fit_wrecked_by_its_optimiser_keeps_the_shallow_model():

@@ -15,6 +15,13 @@ GP on x (Boustati et al., Sec. 2; spec addendum):
 whitened q(u), kernel variances, ARD weights as above) and its likelihood into the deep model,
 leaving the inner layer at its prior; with a tiny ``inner_variance`` the deep ELBO is the shallow
 one up to that variance, which is how a fit keeps a deep model never below its shallow one.
+
+:func:`embed_transfer` starts an mMDGP where the tasks already share something: the free (zero-mean)
+column of its shared process takes the fitted iGP of the source task, g(x) ≈ f^s(x) (its inducing
+inputs, kernel and whitened q(u) copied, so the column's q marginals are iGP's of task s), the
+private processes pass x through, and every task's top GP sees (g, x) — so a task observed where
+the source is can learn its output as a function of the source's latent instead of x. From the
+iGP embedding alone the top layers have no reason to leave x, and a deep fit finds no transfer.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ from pyrogp_models.models.multitask.processes import ConcatenatedLatents, Coregi
 CONTAINED = {"smdgp": "igp", "mmdgp": "igp", "idgp": "igp", "cmdgp": "cgp"}
 #: Inner kernel variance of a deep model set to reproduce its shallow one.
 SWITCHED_OFF = 1e-12
+#: Top-layer lengthscale (model units: inputs and targets standardised) of the columns a
+#: transfer start leaves unused (the shared process's mean-carrying columns), and of the shared
+#: latent column, whose values are a standardised task's.
+UNUSED_LENGTHSCALE, LATENT_LENGTHSCALE = 10.0, 1.0
 
 
 def latent_weights(model: MultitaskGP) -> torch.Tensor | None:
@@ -97,3 +108,65 @@ def embed_shallow(deep: MultitaskGP, shallow: MultitaskGP,
     if hasattr(shallow.top, "mixing"):
         deep.top.mixing = shallow.top.mixing.clone()
     return exact
+
+
+def transfer_column(deep: MultitaskGP) -> int | None:
+    """The column of λ a transfer start (:func:`embed_transfer`) gives the source task's latent:
+    the first zero-mean column of the shared process of a model with shared and private
+    processes (mMDGP with a process width W > D_in, so that every input still passes through
+    the private processes); None otherwise."""
+    latent = deep.latent
+    if not isinstance(latent, ConcatenatedLatents) or latent.shared is None \
+            or latent.private is None or latent.shared.mean_weights is None:
+        return None
+    free = (latent.shared.mean_weights == 0).all(0).nonzero().flatten()
+    return int(free[0]) if len(free) else None
+
+
+def source_task(task: torch.Tensor, num_tasks: int) -> int:
+    """The task a transfer start shares, from every row's task [N]: the one with the most rows
+    (the first of equals)."""
+    return int(torch.bincount(task, minlength=num_tasks).argmax())
+
+
+@torch.no_grad()
+def embed_transfer(deep: MultitaskGP, shallow: MultitaskGP, source: int) -> None:
+    """Start ``deep`` (an mMDGP, :func:`transfer_column` not None) from the fitted iGP
+    ``shallow`` with its shared process's free column g the latent of task ``source``: Z, the
+    Matérn kernel and the whitened q(u) of that task's GP, so that q(g(x)) = q(f^s(x)); the other
+    shared columns at the prior with that kernel, the private processes switched off (λ's
+    private columns are the inputs), the likelihood iGP's. Every task's top GP gets inducing
+    inputs λ̄(Z^t) (the latent space's mean at its iGP inducing inputs), ARD lengthscales
+    ℓ = :data:`LATENT_LENGTHSCALE` on g, iGP's own (mapped through W_λ) on the private columns,
+    :data:`UNUSED_LENGTHSCALE` on the others, its variance, and q(u) at the prior — a
+    natural-gradient step sets it."""
+    column = transfer_column(deep)
+    if column is None or shallow.kind != "igp":
+        raise ValueError(f"a transfer start needs an mMDGP with a free shared column and a "
+                         f"fitted iGP, got {deep.kind} and {shallow.kind}")
+    embed_shallow(deep, shallow, SWITCHED_OFF)
+    source_gp, shared = shallow.top.layer, deep.latent.shared.layer
+    shared.inducing_unit = ((source_gp.inducing[source] - shared.inducing_centre)
+                            / shared.inducing_scale).expand_as(shared.inducing_unit)
+    lengthscale = source_gp.kernel.lengthscale[source]
+    shared.kernel.lengthscale = lengthscale.expand_as(shared.kernel.lengthscale).clone() \
+        if shared.kernel.lengthscale.shape[-1] == lengthscale.shape[-1] \
+        else lengthscale.log().mean().exp().expand_as(shared.kernel.lengthscale).clone()
+    shared.kernel.variance = source_gp.kernel.variance[source].expand_as(
+        shared.kernel.variance).clone()
+    eye = torch.eye(shared.num_inducing, dtype=shared.q_mean.dtype, device=shared.q_mean.device)
+    mean, sqrt = torch.zeros_like(shared.q_mean), eye.expand_as(shared.q_sqrt).clone()
+    mean[0, column], sqrt[0, column] = source_gp.q_mean[source, 0], source_gp.q_sqrt[source, 0]
+    shared.set_whitened_posterior(mean, sqrt)
+    top = deep.top.layer
+    task_inducing = source_gp.inducing[:, 0]                                # [T, M, D]
+    latent_mean, _ = deep.latent.marginals(task_inducing)                   # [T, M, D^λ]
+    top.inducing_unit = ((latent_mean - top.inducing_centre) / top.inducing_scale).unsqueeze(1)
+    shared_width = deep.latent.shared.output_width
+    lengthscale = top.kernel.lengthscale.clone()
+    lengthscale[..., :shared_width] = UNUSED_LENGTHSCALE
+    lengthscale[..., column] = LATENT_LENGTHSCALE
+    top.kernel.lengthscale = lengthscale
+    top.set_whitened_posterior(torch.zeros_like(top.q_mean),
+                               torch.eye(top.num_inducing, dtype=top.q_mean.dtype,
+                                         device=top.q_mean.device).expand_as(top.q_sqrt))
