@@ -15,6 +15,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from multitask_experiments import GRAVITY, arm_torques, standardised_nlpd  # noqa: E402
 
+from pyrogp_models.models.multitask import WARPED_LATENTS
+
 TIMEOUT_SECONDS = 1200.0
 MODELS = {"smdgp", "mmdgp", "cmdgp", "idgp", "igp", "cgp"}
 
@@ -91,8 +93,9 @@ def test_multitask_experiments_quick(tmp_path):
     assert set(toy["t10"]) == {"mmdgp_gap_rmse", "idgp_gap_rmse", "wins", "seeds", "met"}
     for kind, floor in toy["elbo_floor"].items():    # each deep model holds its shallow one
         assert min(floor["elbo_minus_contained"]) >= -1e-3, (kind, floor["contains"])
-    transfer = payload["transfer"]
-    assert len(transfer["ratios"]) == len(settings["transfer_seeds"])
+    assert set(payload["transfer"]) == set(WARPED_LATENTS)
+    for transfer in payload["transfer"].values():
+        assert len(transfer["ratios"]) == len(settings["transfer_seeds"])
     for name in settings["real_sets"]:
         real = payload["real"][name]
         assert set(real["runs"]) == {"lr", *settings["real_models"]}

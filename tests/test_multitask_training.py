@@ -91,7 +91,8 @@ def test_a_deep_model_embedding_its_shallow_model_has_the_shallow_elbo(kind):
 @pytest.mark.parametrize("source", [0, 1])
 def test_a_transfer_start_puts_the_source_tasks_gp_in_the_shared_column(source):
     """The free shared column's q marginals are iGP's of the source task; the private columns
-    are the inputs; every top GP sees the latent at LATENT_LENGTHSCALE."""
+    are the inputs; every top GP sees the latent alone, its linear mean the least-squares line of
+    the task's targets on ḡ (residuals orthogonal to ḡ)."""
     data, _ = toy_data(20, gap=(0.3, 0.6))
     options = MultitaskOptions(num_inducing=7)
     shallow = randomise(build_model("igp", data, options))
@@ -111,6 +112,14 @@ def test_a_transfer_start_puts_the_source_tasks_gp_in_the_shared_column(source):
     assert float(private_var.max()) < 1e-10 and float(deep.latent.private.kl()) == 0.0
     lengthscale = deep.top.layer.kernel.lengthscale.squeeze(-2)
     assert bool((lengthscale[:, column] == LATENT_LENGTHSCALE).all())
+    assert bool((lengthscale[:, :column] > 5 * LATENT_LENGTHSCALE).all())
+    g = deep.latent.shared.marginals(data.X.unsqueeze(0))[0][0, :, column]
+    slopes = deep.top.mean_weights.detach()[:, :, 0]
+    assert bool((slopes[:, column] != 0).all()) and int((slopes != 0).sum()) == 2
+    for task in range(2):
+        rows = data.task == task
+        residual = data.y[rows] - slopes[task, column] * g[rows]
+        assert abs(float(residual @ g[rows])) < 1e-9 * float(g[rows].norm() * data.y[rows].norm())
     assert source_task(data.task, data.num_tasks) == int(torch.bincount(data.task).argmax())
 
 

@@ -55,6 +55,7 @@ from pyrogp_models.models.multitask.prediction import (
 )
 from pyrogp_models.models.multitask.standardisation import TaskStandardisation
 from pyrogp_models.models.multitask.toy import (
+    WARPED_LATENTS,
     toy_functions,
     toy_grid,
     toy_tasks,
@@ -64,7 +65,8 @@ from pyrogp_models.models.multitask.toy import (
 )
 
 __all__ = [
-    "CGP", "CMDGP", "IDGP", "IGP", "MMDGP", "MODELS", "SMDGP", "Components", "Initialisation",
+    "CGP", "CMDGP", "IDGP", "IGP", "MMDGP", "MODELS", "SMDGP", "WARPED_LATENTS", "Components",
+    "Initialisation",
     "MultitaskGP", "MultitaskOptions", "MultitaskPredictor", "TaskBatch", "TaskData",
     "TaskLayout", "TaskStandardisation", "as_task_data", "build_model", "components",
     "full_batch", "joint_components", "load_multitask", "mixture_log_density", "mixture_moments",

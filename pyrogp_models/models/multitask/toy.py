@@ -7,8 +7,8 @@ and private processes h1, h2 non-linearly, on x ∈ [0, 1]:
 The paper gives no sizes; the spec's protocol (Sec. 2.1): N^t = 50 points per task at independent
 U[0, 1] inputs, noise sd 0.05, optionally a gap in task 2, a 500-point test grid.
 
-:func:`warped_tasks` is a transfer toy unlike the paper's: one shared periodic latent warped
-differently per task, task 2 with a gap where task 1 is observed.
+:func:`warped_tasks` are transfer toys unlike the paper's: one shared latent (periodic, or a sum of
+three sinusoids) warped differently per task, task 2 with a gap where task 1 is observed.
 """
 
 from __future__ import annotations
@@ -44,14 +44,33 @@ def toy_grid(num_points: int = 500) -> tuple[np.ndarray, np.ndarray]:
     return x[:, None], toy_functions(x)
 
 
-def warped_functions(x: np.ndarray, seed: int = 0) -> np.ndarray:
-    """Two tasks that warp one shared latent differently (a transfer toy unlike the paper's): a
-    seeded periodic g(x) = sin(2π(k x + φ)), k ∈ [1.5, 2.5], and f1 = g + 0.4 g²,
-    f2 = 1.5 tanh(2g) − 0.5 g at x [N]: [2, N]."""
-    rng = np.random.default_rng(1000 + seed)
-    frequency, phase = rng.uniform(1.5, 2.5), rng.uniform(0.0, 1.0)
-    g = np.sin(2 * np.pi * (frequency * x + phase))
-    return np.stack([g + 0.4 * g**2, 1.5 * np.tanh(2 * g) - 0.5 * g])
+#: The shared latents of the transfer toys (:func:`warped_functions`).
+WARPED_LATENTS = ("periodic", "sines")
+
+
+def warped_functions(x: np.ndarray, seed: int = 0, latent: str = "periodic") -> np.ndarray:
+    """Two tasks that warp one shared latent g differently (transfer toys unlike the paper's),
+    at x [N]: [2, N]. ``latent="periodic"``: g(x) = sin(2π(k x + φ)), k ∈ [1.5, 2.5],
+    f1 = g + 0.4 g², f2 = 1.5 tanh(2g) − 0.5 g; ``"sines"``: g = Σ_{j≤3} a_j sin(2π(k_j x + φ_j))
+    scaled to max |g| = 1 on [0, 1], k_j ∈ [0.5, 3], a_j ∈ [0.5, 1], f1 = g + 0.3 g³,
+    f2 = 1 − 2 exp(−2g²) + 0.3 g. Every constant is seeded."""
+    if latent == "periodic":
+        rng = np.random.default_rng(1000 + seed)
+        frequency, phase = rng.uniform(1.5, 2.5), rng.uniform(0.0, 1.0)
+        g = np.sin(2 * np.pi * (frequency * x + phase))
+        return np.stack([g + 0.4 * g**2, 1.5 * np.tanh(2 * g) - 0.5 * g])
+    if latent != "sines":
+        raise ValueError(f"unknown latent '{latent}'; choose from {list(WARPED_LATENTS)}")
+    rng = np.random.default_rng(3000 + seed)
+    frequency, phase = rng.uniform(0.5, 3.0, 3), rng.uniform(0.0, 1.0, 3)
+    amplitude = rng.uniform(0.5, 1.0, 3)
+
+    def sines(points: np.ndarray) -> np.ndarray:
+        return (amplitude * np.sin(2 * np.pi * (np.multiply.outer(points, frequency) + phase))
+                ).sum(-1)
+
+    g = sines(x) / np.abs(sines(np.linspace(0.0, 1.0, 1001))).max()
+    return np.stack([g + 0.3 * g**3, 1 - 2 * np.exp(-2 * g**2) + 0.3 * g])
 
 
 def warped_gap(seed: int = 0, width: float = 0.2) -> tuple[float, float]:
@@ -60,8 +79,8 @@ def warped_gap(seed: int = 0, width: float = 0.2) -> tuple[float, float]:
     return float(start), float(start + width)
 
 
-def warped_tasks(num_points: int = 60, noise: float = 0.05, seed: int = 0
-                 ) -> list[tuple[np.ndarray, np.ndarray]]:
+def warped_tasks(num_points: int = 60, noise: float = 0.05, seed: int = 0,
+                 latent: str = "periodic") -> list[tuple[np.ndarray, np.ndarray]]:
     """Training pairs of :func:`warped_functions` at independent U[0, 1] inputs per task; task 2
     has no points in :func:`warped_gap`."""
     rng = np.random.default_rng(seed)
@@ -71,6 +90,6 @@ def warped_tasks(num_points: int = 60, noise: float = 0.05, seed: int = 0
         x = rng.uniform(0.0, 1.0, num_points)
         if task == 1:
             x = x[(x < gap[0]) | (x > gap[1])]
-        pairs.append((x[:, None], warped_functions(x, seed)[task]
+        pairs.append((x[:, None], warped_functions(x, seed, latent)[task]
                       + noise * rng.standard_normal(len(x))))
     return pairs

@@ -19,9 +19,11 @@ one up to that variance, which is how a fit keeps a deep model never below its s
 :func:`embed_transfer` starts an mMDGP where the tasks already share something: the free (zero-mean)
 column of its shared process takes the fitted iGP of the source task, g(x) ≈ f^s(x) (its inducing
 inputs, kernel and whitened q(u) copied, so the column's q marginals are iGP's of task s), the
-private processes pass x through, and every task's top GP sees (g, x) — so a task observed where
-the source is can learn its output as a function of the source's latent instead of x. From the
-iGP embedding alone the top layers have no reason to leave x, and a deep fit finds no transfer.
+private processes pass x through, and every task's top GP starts on g alone (a long lengthscale on
+every other column) with its linear mean the least-squares line of the task's targets on ḡ — so
+a task observed where the source is learns its output as a function of the source's latent and
+carries it through its own gaps. From the iGP embedding the top layers have no reason to leave
+x, and a deep fit finds no transfer.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ CONTAINED = {"smdgp": "igp", "mmdgp": "igp", "idgp": "igp", "cmdgp": "cgp"}
 #: Inner kernel variance of a deep model set to reproduce its shallow one.
 SWITCHED_OFF = 1e-12
 #: Top-layer lengthscale (model units: inputs and targets standardised) of the columns a
-#: transfer start leaves unused (the shared process's mean-carrying columns), and of the shared
-#: latent column, whose values are a standardised task's.
+#: transfer start leaves unused, and of the shared latent column, whose values are a
+#: standardised task's.
 UNUSED_LENGTHSCALE, LATENT_LENGTHSCALE = 10.0, 1.0
 
 
@@ -137,9 +139,10 @@ def embed_transfer(deep: MultitaskGP, shallow: MultitaskGP, source: int) -> None
     shared columns at the prior with that kernel, the private processes switched off (λ's
     private columns are the inputs), the likelihood iGP's. Every task's top GP gets inducing
     inputs λ̄(Z^t) (the latent space's mean at its iGP inducing inputs), ARD lengthscales
-    ℓ = :data:`LATENT_LENGTHSCALE` on g, iGP's own (mapped through W_λ) on the private columns,
-    :data:`UNUSED_LENGTHSCALE` on the others, its variance, and q(u) at the prior — a
-    natural-gradient step sets it."""
+    :data:`LATENT_LENGTHSCALE` on g and :data:`UNUSED_LENGTHSCALE` on the other columns, iGP's
+    variance, q(u) at the prior (a natural-gradient step sets it) and, where it has a linear
+    mean m^t(λ) = λb^t and a Gaussian likelihood, b^t = β_t e_g with
+    β_t = Σ_n ḡ_n y_n / Σ_n ḡ_n² over the task's rows."""
     column = transfer_column(deep)
     if column is None or shallow.kind != "igp":
         raise ValueError(f"a transfer start needs an mMDGP with a free shared column and a "
@@ -149,9 +152,9 @@ def embed_transfer(deep: MultitaskGP, shallow: MultitaskGP, source: int) -> None
     shared.inducing_unit = ((source_gp.inducing[source] - shared.inducing_centre)
                             / shared.inducing_scale).expand_as(shared.inducing_unit)
     lengthscale = source_gp.kernel.lengthscale[source]
-    shared.kernel.lengthscale = lengthscale.expand_as(shared.kernel.lengthscale).clone() \
-        if shared.kernel.lengthscale.shape[-1] == lengthscale.shape[-1] \
-        else lengthscale.log().mean().exp().expand_as(shared.kernel.lengthscale).clone()
+    if shared.kernel.lengthscale.shape[-1] != lengthscale.shape[-1]:
+        lengthscale = lengthscale.log().mean(-1, keepdim=True).exp()
+    shared.kernel.lengthscale = lengthscale.expand_as(shared.kernel.lengthscale).clone()
     shared.kernel.variance = source_gp.kernel.variance[source].expand_as(
         shared.kernel.variance).clone()
     eye = torch.eye(shared.num_inducing, dtype=shared.q_mean.dtype, device=shared.q_mean.device)
@@ -159,14 +162,26 @@ def embed_transfer(deep: MultitaskGP, shallow: MultitaskGP, source: int) -> None
     mean[0, column], sqrt[0, column] = source_gp.q_mean[source, 0], source_gp.q_sqrt[source, 0]
     shared.set_whitened_posterior(mean, sqrt)
     top = deep.top.layer
-    task_inducing = source_gp.inducing[:, 0]                                # [T, M, D]
-    latent_mean, _ = deep.latent.marginals(task_inducing)                   # [T, M, D^λ]
+    latent_mean, _ = deep.latent.marginals(source_gp.inducing[:, 0])        # [T, M, D^λ]
     top.inducing_unit = ((latent_mean - top.inducing_centre) / top.inducing_scale).unsqueeze(1)
-    shared_width = deep.latent.shared.output_width
-    lengthscale = top.kernel.lengthscale.clone()
-    lengthscale[..., :shared_width] = UNUSED_LENGTHSCALE
+    lengthscale = torch.full_like(top.kernel.lengthscale, UNUSED_LENGTHSCALE)
     lengthscale[..., column] = LATENT_LENGTHSCALE
     top.kernel.lengthscale = lengthscale
     top.set_whitened_posterior(torch.zeros_like(top.q_mean),
                                torch.eye(top.num_inducing, dtype=top.q_mean.dtype,
                                          device=top.q_mean.device).expand_as(top.q_sqrt))
+    if getattr(deep.top, "mean_weights", None) is not None and deep.likelihood.name == "gaussian":
+        deep.top.mean_weights = latent_slopes(deep, column)
+
+
+def latent_slopes(deep: MultitaskGP, column: int) -> torch.Tensor:
+    """b^t [T, D^λ, 1] of a transfer start's top linear means: β_t = Σ_n ḡ_n y_n / Σ_n ḡ_n² on
+    column g over task t's rows (ḡ the shared process's mean), 0 on the other columns."""
+    latent_mean, _ = deep.latent.shared.marginals(deep.data_X.unsqueeze(0))
+    g = latent_mean[0, :, column]
+    num_tasks = deep.num_tasks
+    moment = g.new_zeros(num_tasks).index_add_(0, deep.data_task, g * deep.data_y)
+    energy = g.new_zeros(num_tasks).index_add_(0, deep.data_task, g.square())
+    slopes = torch.zeros_like(deep.top.mean_weights)
+    slopes[:, column, 0] = moment / energy.clamp_min(torch.finfo(g.dtype).tiny)
+    return slopes
