@@ -66,10 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shared", type=int, metavar="W",
                         help="width of the shared latent processes (smdgp, mmdgp) or of the "
                              "coregionalised latent space (cmdgp) (default: the number of "
-                             "inputs clipped to [2, 10]; half of it for mmdgp)")
+                             "inputs clipped to [2, 10]; mmdgp starts with one task's latent "
+                             "in a shared column beyond the inputs, so a --shared above the "
+                             "number of inputs gives it one)")
     parser.add_argument("--private", type=int, metavar="W",
                         help="width of every task's private latent process (mmdgp, idgp) "
-                             "(default: as for --shared, the other half for mmdgp)")
+                             "(default: as for --shared)")
     parser.add_argument("--coregionalisation", metavar="icm|lmc", choices=LibraryNames(
                             "pyrogp_models.models.multitask.options:COREGIONALISATIONS"),
                         help="cgp, cmdgp: the mixed latent GPs share one kernel (icm) or each "
