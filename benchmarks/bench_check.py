@@ -23,6 +23,7 @@ Run it before every commit that touches a model; after an intended change of cos
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import resource
 import shutil
@@ -200,6 +201,7 @@ def _cli_pipeline() -> Callable[[], object]:
     import cli_end_to_end as cli
 
     folder = Path(tempfile.mkdtemp(prefix="bench_check_"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     settings = cli.Settings(points=100_000, partitions=500, test_points=2000)
     train, test = cli.write_data(folder, settings)
     runs = iter(range(1_000_000))

@@ -17,6 +17,11 @@ per-dataset values (its App. B): √D on the D standardised inputs and √W on a
    private 1-D process, 5000 Adam steps, a 500-point test grid; RMSE against the true f and NLPD
    against fresh noisy targets, for task 1, task 2 outside the gap and task 2 in the gap; 5 seeds.
    The spec's T9 (MDGP vs cGP) and T10 (mMDGP vs iDGP in the gap) are read off these fits.
+   **Transfer toys**: two tasks warping one latent (periodic, or a sum of three sinusoids)
+   differently, task 2 with a gap; mMDGP against iGP in the gap, 5 seeds each.
+   **Real heterotopic data**: one output hidden on a stretch of rows where the others are
+   observed (gilgai soil transect, tuned on; New York air quality and US macro data, held out);
+   every GP with the defaults against a linear regression on the co-located outputs.
 2. **Digits variations** (Table 3): scikit-learn's 8 × 8 digits as three tasks — clean, random
    background (zero pixels replaced by U[0, 1] noise, the LISA recipe) and image background
    (zero pixels replaced by a grey patch of the bundled sample photographs). Disjoint training
@@ -90,7 +95,7 @@ DEEP = ("smdgp", "mmdgp", "cmdgp", "idgp")
 NAMES = {"smdgp": "sMDGP", "mmdgp": "mMDGP", "cmdgp": "cMDGP", "idgp": "iDGP", "igp": "iGP",
          "cgp": "cGP", "cgp1": "cGP (rank 1)", "irf": "iRF"}
 TOY_GAP = (0.4, 0.6)
-REAL_MODELS = ("igp", "smdgp", "cgp")
+REAL_MODELS = ("igp", "smdgp", "mmdgp", "cgp")
 #: Mixture components of the predictive: a classifier's (enough for accuracy and ROC-AUC) and
 #: the inverse-dynamics models' (3 × 1000 test rows); the toy keeps the default 200.
 CLASSIFIER_SAMPLES, ARM_SAMPLES = 50, 100
@@ -105,7 +110,7 @@ class Settings:
     max_steps: int | None = None
     transfer_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     transfer_points: int = 60
-    real_sets: tuple[str, ...] = ("gilgai", "airquality")
+    real_sets: tuple[str, ...] = ("gilgai", "airquality", "macro")
     real_stretches: tuple[int, ...] = (1,)
     real_models: tuple[str, ...] = REAL_MODELS
     real_inducing: int | None = None
@@ -420,9 +425,22 @@ def airquality_data() -> tuple[np.ndarray, list[str], np.ndarray]:
     return np.arange(len(Y), dtype=float)[:, None], ["log ozone", "solar", "wind", "temp"], Y
 
 
+def macro_data() -> tuple[np.ndarray, list[str], np.ndarray]:
+    """US macroeconomic data 1959–2009 by quarter (statsmodels ``macrodata``, 203 quarters):
+    quarter, task names, outputs [203, 4] (inflation, unemployment, real interest rate, T-bill
+    rate)."""
+    from statsmodels.datasets import macrodata
+
+    table = macrodata.load_pandas().data
+    names = ["infl", "unemp", "realint", "tbilrate"]
+    Y = table[names].to_numpy(dtype=float)
+    return np.arange(len(Y), dtype=float)[:, None], names, Y
+
+
 #: data set → (loader, hidden task, stretches [start, stop) of rows, whether tuned on).
 REAL_SETS = {"gilgai": (gilgai_data, 1, ((60, 120), (150, 210), (250, 310)), True),
-             "airquality": (airquality_data, 0, ((0, 30), (62, 92), (95, 125)), False)}
+             "airquality": (airquality_data, 0, ((0, 30), (62, 92), (95, 125)), False),
+             "macro": (macro_data, 1, ((60, 80), (120, 140), (170, 190)), False)}
 
 
 def real_split(name: str, stretch: int):
