@@ -99,7 +99,9 @@ def test_multitask_experiments_quick(tmp_path):
     for name in settings["real_sets"]:
         real = payload["real"][name]
         assert set(real["runs"]) == {"lr", *settings["real_models"]}
-        assert set(real["checks"]) == {"default_over_lr", "default_over_igp", "met"}
+        assert set(real["checks"]) == {"default_over_lr", "default_over_igp", "met",
+                                       "per_stretch_over_lr", "per_stretch_over_igp",
+                                       "met_every_stretch"}
         assert all(run["rmse"] > 0 for runs in real["runs"].values() for run in runs)
 
     for run in (run for runs in payload["digits"]["runs"].values() for run in runs):
