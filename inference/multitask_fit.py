@@ -15,11 +15,12 @@ the library's trainer (:func:`pyrogp_models.inference.trainer.train`):
   the same predictions, the inner layer at its prior) and trains by Adam — with
   natural-gradient steps on the top layer's q(u) where the likelihood is Gaussian — until the
   change of its estimated ELBO is within its Monte Carlo noise. An mMDGP whose shared process
-  has a free column starts instead with the latent of the task with the most rows in it
+  has a free column starts first with the latent of the task with the most rows in it
   (:func:`~pyrogp_models.models.multitask.warm_start.embed_transfer`), so that the other tasks
-  can learn their outputs as functions of it. The deep ELBO is then estimated
-  precisely (:func:`estimate_elbo`, common random numbers) and compared with the embedded shallow
-  model's: the better state is kept, so a deep fit never ends below the shallow model it contains.
+  can learn their outputs as functions of it, and from the shallow model only if that ends
+  below it. Every deep ELBO is estimated precisely (:func:`estimate_elbo`, common random
+  numbers) and compared with the embedded shallow model's: the best state is kept, so a deep
+  fit never ends below the shallow model it contains.
 
 The fit records every phase (model, steps, seconds, converged, ELBO) and the final ELBO. The
 predictor works in data units and takes the task of every point as ``labels``.
@@ -223,39 +224,57 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     spec = replace(spec, num_inducing=options.num_inducing)
     model = build_model(spec.model, model_data, options, spec.inducing_init,
                         torch.Generator(device=spec.device).manual_seed(seed))
-    phases, reference = [], None
-    if model.is_deep and spec.warm_start:
-        shallow_spec = replace(spec, model=CONTAINED[spec.model], top_mean=None,
-                               noise="independent")
-        shallow = build_model(shallow_spec.model, model_data, shallow_spec.options(),
-                              spec.inducing_init,
-                              torch.Generator(device=spec.device).manual_seed(seed))
-        shallow_config = replace(default_config(shallow_spec), seed=config.seed,
-                                 progress=config.progress)
-        phases.append(_phase(shallow, _train(shallow, shallow_config)))
-        embed_shallow(model, shallow, SWITCHED_OFF)
-        reference = {key: value.clone() for key, value in model.state_dict().items()}
-        _start_deep(model, shallow, config)
-    result = _train(model, config)
-    phases.append(_phase(model, result))
-    kept = spec.model
-    if reference is not None:
-        trained = {key: value.clone() for key, value in model.state_dict().items()}
-        model.load_state_dict(reference)
-        if estimate_elbo(model, seed=seed) > phases[-1].elbo:
-            kept = phases[0].model
-        else:
-            model.load_state_dict(trained)
+    if not (model.is_deep and spec.warm_start):
+        result = _train(model, config)
+        phases = [_phase(model, result, seed)]
+        kept = spec.model
+    else:
+        result, phases, kept = _fit_from_shallow(model, model_data, spec, config, seed)
     predictor = MultitaskPredictor(model, standardisation, spec.predictive_samples, seed)
     return MultitaskFit(model, result, predictor, standardisation, spec, model_data,
                         estimate_elbo(model, seed=seed), phases, kept)
 
 
-def _start_deep(model: MultitaskGP, shallow: MultitaskGP, config: TrainConfig) -> None:
-    """Where a deep model trains from: the transfer start where it has one (its top q(u) then
-    set by :data:`TRANSFER_NATURAL_STEPS` unit natural-gradient steps when the training takes
-    such steps), else the embedded shallow model with the inner variance of its options."""
-    if transfer_column(model) is None:
+def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
+                      config: TrainConfig, seed: int) -> tuple[TrainResult, list[Phase], str]:
+    """Fit the shallow model that ``model`` contains, then train ``model`` from its starts
+    (:func:`deep_starts`) in turn until one ends above the embedded shallow model; ``model``
+    is left in the best state (by :func:`estimate_elbo`, common random numbers). Returns the
+    last training's record, every phase and the kind of the state kept."""
+    shallow_spec = replace(spec, model=CONTAINED[spec.model], top_mean=None,
+                           noise="independent")
+    shallow = build_model(shallow_spec.model, data, shallow_spec.options(),
+                          spec.inducing_init,
+                          torch.Generator(device=spec.device).manual_seed(seed))
+    shallow_config = replace(default_config(shallow_spec), seed=config.seed,
+                             progress=config.progress)
+    phases = [_phase(shallow, _train(shallow, shallow_config), seed)]
+    embed_shallow(model, shallow, SWITCHED_OFF)
+    best = (estimate_elbo(model, seed=seed), _state(model), shallow.kind)
+    for start in deep_starts(model):
+        _start_deep(model, shallow, config, start)
+        result = _train(model, config)
+        phases.append(_phase(model, result, seed))
+        if phases[-1].elbo > best[0]:
+            best = (phases[-1].elbo, _state(model), spec.model)
+            break
+    model.load_state_dict(best[1])
+    return result, phases, best[2]
+
+
+def deep_starts(model: MultitaskGP) -> tuple[str, ...]:
+    """Where a deep model trains from, in turn: ``"transfer"`` (mMDGP with a free shared
+    column, :func:`~pyrogp_models.models.multitask.warm_start.embed_transfer`), then
+    ``"shallow"`` (the embedded shallow model with the inner variance of its options)."""
+    return ("transfer", "shallow") if transfer_column(model) is not None else ("shallow",)
+
+
+def _start_deep(model: MultitaskGP, shallow: MultitaskGP, config: TrainConfig, start: str
+                ) -> None:
+    """Put ``model`` at ``start`` (:func:`deep_starts`); after a transfer start its top q(u)
+    takes :data:`TRANSFER_NATURAL_STEPS` unit natural-gradient steps when the training takes
+    such steps."""
+    if start == "shallow":
         embed_shallow(model, shallow)
         return
     embed_transfer(model, shallow, source_task(model.data_task, model.num_tasks))
@@ -263,6 +282,10 @@ def _start_deep(model: MultitaskGP, shallow: MultitaskGP, config: TrainConfig) -
         natural_step = NaturalGradient(model, 1.0)
         for _ in range(TRANSFER_NATURAL_STEPS):
             natural_step(lambda: -model.elbo())
+
+
+def _state(model: MultitaskGP) -> dict[str, torch.Tensor]:
+    return {key: value.clone() for key, value in model.state_dict().items()}
 
 
 def _train(model: MultitaskGP, config: TrainConfig) -> TrainResult:
@@ -277,6 +300,6 @@ def _train(model: MultitaskGP, config: TrainConfig) -> TrainResult:
     return result
 
 
-def _phase(model: MultitaskGP, result: TrainResult) -> Phase:
+def _phase(model: MultitaskGP, result: TrainResult, seed: int) -> Phase:
     return Phase(model.kind, result.steps, result.seconds, result.converged,
-                 estimate_elbo(model))
+                 estimate_elbo(model, seed=seed))

@@ -133,6 +133,15 @@ def test_a_deep_fit_wrecked_by_its_optimiser_keeps_the_shallow_model():
     assert fit.elbo == pytest.approx(shallow.elbo, abs=1e-4)
 
 
+def test_an_mmdgp_whose_transfer_start_ends_below_the_shallow_model_tries_the_shallow_start():
+    pairs = toy_tasks(20, seed=1)
+    wreck = TrainConfig(lr=3.0, steps=20, tol=None, seed=0)
+    fit = fit_multitask_dgp(pairs, MultitaskSpec(model="mmdgp", num_inducing=6), wreck)
+    assert [phase.model for phase in fit.phases] == ["igp", "mmdgp", "mmdgp"]
+    assert max(phase.elbo for phase in fit.phases[1:]) < fit.phases[0].elbo
+    assert fit.kept == "igp" and fit.elbo == pytest.approx(fit.phases[0].elbo, abs=1e-4)
+
+
 def test_a_deep_fit_that_improves_keeps_the_deep_model():
     fit = fit_multitask_dgp(toy_tasks(20, seed=1), MultitaskSpec(model="smdgp", num_inducing=6),
                             TrainConfig(lr=0.01, steps=300, tol=None, seed=0,
