@@ -238,7 +238,8 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
 def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
                       config: TrainConfig, seed: int) -> tuple[TrainResult, list[Phase], str]:
     """Fit the shallow model that ``model`` contains, then train ``model`` from its starts
-    (:func:`deep_starts`) in turn until one ends above the embedded shallow model; ``model``
+    (:func:`deep_starts`, each from the built model's state) in turn until one ends above the
+    embedded shallow model; ``model``
     is left in the best state (by :func:`estimate_elbo`, common random numbers). Returns the
     last training's record, every phase and the kind of the state kept."""
     shallow_spec = replace(spec, model=CONTAINED[spec.model], top_mean=None,
@@ -249,9 +250,11 @@ def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
     shallow_config = replace(default_config(shallow_spec), seed=config.seed,
                              progress=config.progress)
     phases = [_phase(shallow, _train(shallow, shallow_config), seed)]
+    initial = _state(model)
     embed_shallow(model, shallow, SWITCHED_OFF)
     best = (estimate_elbo(model, seed=seed), _state(model), shallow.kind)
     for start in deep_starts(model):
+        model.load_state_dict(initial)
         _start_deep(model, shallow, config, start)
         result = _train(model, config)
         phases.append(_phase(model, result, seed))
