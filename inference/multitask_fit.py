@@ -238,8 +238,8 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
 def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
                       config: TrainConfig, seed: int) -> tuple[TrainResult, list[Phase], str]:
     """Fit the shallow model that ``model`` contains, then train ``model`` from its starts
-    (:func:`deep_starts`, each from the built model's state) in turn until one ends above the
-    embedded shallow model; ``model``
+    (:func:`deep_starts`, each from the embedded shallow model with its inner variances
+    switched off) in turn until one ends above that embedding; ``model``
     is left in the best state (by :func:`estimate_elbo`, common random numbers). Returns the
     last training's record, every phase and the kind of the state kept."""
     shallow_spec = replace(spec, model=CONTAINED[spec.model], top_mean=None,
@@ -250,11 +250,11 @@ def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
     shallow_config = replace(default_config(shallow_spec), seed=config.seed,
                              progress=config.progress)
     phases = [_phase(shallow, _train(shallow, shallow_config), seed)]
-    initial = _state(model)
     embed_shallow(model, shallow, SWITCHED_OFF)
-    best = (estimate_elbo(model, seed=seed), _state(model), shallow.kind)
+    reference = _state(model)
+    best = (estimate_elbo(model, seed=seed), reference, shallow.kind)
     for start in deep_starts(model):
-        model.load_state_dict(initial)
+        model.load_state_dict(reference)
         _start_deep(model, shallow, config, start)
         result = _train(model, config)
         phases.append(_phase(model, result, seed))
@@ -268,7 +268,7 @@ def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
 def deep_starts(model: MultitaskGP) -> tuple[str, ...]:
     """Where a deep model trains from, in turn: ``"transfer"`` (mMDGP with a free shared
     column, :func:`~pyrogp_models.models.multitask.warm_start.embed_transfer`), then
-    ``"shallow"`` (the embedded shallow model with the inner variance of its options)."""
+    ``"shallow"`` (the embedded shallow model, inner q(u) at the prior)."""
     return ("transfer", "shallow") if transfer_column(model) is not None else ("shallow",)
 
 
