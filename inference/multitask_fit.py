@@ -239,9 +239,9 @@ def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
                       config: TrainConfig, seed: int) -> tuple[TrainResult, list[Phase], str]:
     """Fit the shallow model that ``model`` contains, then train ``model`` from its starts
     (:func:`deep_starts`, each from the embedded shallow model with its inner variances
-    switched off) in turn until one ends above that embedding; ``model``
-    is left in the best state (by :func:`estimate_elbo`, common random numbers). Returns the
-    last training's record, every phase and the kind of the state kept."""
+    switched off) in turn until one ends above that embedding (by :func:`estimate_elbo`, common
+    random numbers); ``model`` is left in that start's state, or in the embedding if none does.
+    Returns the last training's record, every phase and the kind of the state kept."""
     shallow_spec = replace(spec, model=CONTAINED[spec.model], top_mean=None,
                            noise="independent")
     shallow = build_model(shallow_spec.model, data, shallow_spec.options(),
@@ -251,18 +251,15 @@ def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
                              progress=config.progress)
     phases = [_phase(shallow, _train(shallow, shallow_config), seed)]
     embed_shallow(model, shallow, SWITCHED_OFF)
-    reference = _state(model)
-    best = (estimate_elbo(model, seed=seed), reference, shallow.kind)
+    reference, reference_elbo = _state(model), estimate_elbo(model, seed=seed)
     for start in deep_starts(model):
-        model.load_state_dict(reference)
         _start_deep(model, shallow, config, start)
         result = _train(model, config)
         phases.append(_phase(model, result, seed))
-        if phases[-1].elbo > best[0]:
-            best = (phases[-1].elbo, _state(model), spec.model)
-            break
-    model.load_state_dict(best[1])
-    return result, phases, best[2]
+        if phases[-1].elbo > reference_elbo:
+            return result, phases, spec.model
+        model.load_state_dict(reference)
+    return result, phases, shallow.kind
 
 
 def deep_starts(model: MultitaskGP) -> tuple[str, ...]:

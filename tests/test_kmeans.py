@@ -101,6 +101,25 @@ def test_init_is_reproducible_with_the_same_generator_state():
     assert torch.equal(first, second)
 
 
+@pytest.mark.parametrize("default", [torch.float32, torch.float64])
+def test_init_depends_on_neither_the_default_dtype_nor_the_points_dtype(default):
+    """A float64 fit started under the default float32 (a script, the CLI) picks the centres
+    it picks under the default float64, and a float32 fit the same ones."""
+    points = torch.randn(2, 50, 3, dtype=torch.float64)
+    previous = torch.get_default_dtype()
+    try:
+        centres = []
+        for dtype in (default, torch.float64 if default == torch.float32 else torch.float32):
+            torch.set_default_dtype(dtype)
+            for points_dtype in (torch.float64, torch.float32):
+                centres.append(kmeans_init(points.to(points_dtype), 7,
+                                           generator=torch.Generator().manual_seed(5)).double())
+    finally:
+        torch.set_default_dtype(previous)
+    chosen = [torch.cdist(centre, points).argmin(-1) for centre in centres]   # which points
+    assert all(torch.equal(chosen[0], other) for other in chosen[1:])
+
+
 def test_repeated_points_still_give_distinct_centres():
     values = torch.tensor([0.0, 1.0, 5.0], dtype=torch.float64).repeat_interleave(20)
     centres = kmeans(values.unsqueeze(-1), 3, generator=torch.Generator().manual_seed(0))

@@ -33,11 +33,13 @@ from pyrogp_models.models.multitask import (
     Initialisation,
     MultitaskOptions,
     MultitaskPredictor,
+    TaskBatch,
     TaskData,
     TaskLayout,
     TaskStandardisation,
     build_model,
     components,
+    toy_tasks,
     weighted_batch,
 )
 
@@ -423,6 +425,32 @@ def test_long_and_list_formats_give_the_same_elbo():
     noise = per_row_noise(list_model)                                # list row = data row
     assert float(long_model.elbo(noise=noise[:, order])) == pytest.approx(
         float(list_model.elbo(noise=noise)), rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["smdgp", "mmdgp", "idgp", "cmdgp"])
+def test_shared_processes_once_per_distinct_input_give_the_same_elbo_and_gradients(kind):
+    """Where tasks share inputs, the full batch evaluates shared processes at the distinct
+    inputs only; the ELBO and its gradients are those of every slot evaluated."""
+    pairs = toy_tasks(15, seed=3)
+    X = pairs[0][0]
+    data = TaskData.from_list([(X, pairs[0][1]), (X, 2 * pairs[0][1] + 1),
+                               (X[:6], pairs[1][1][:6])])
+    model = randomise(build_model(kind, data, MultitaskOptions(num_inducing=5)))
+    for _, block in model.latent.blocks():      # inner processes that matter
+        block.layer.kernel.variance = torch.ones_like(block.layer.kernel.variance)
+    full = model.full_batch()
+    assert model.distinct_inputs(full).X.shape[0] == len(X) < full.rows.numel()
+    noise = per_row_noise(model)
+    values = []
+    for batch in (full, TaskBatch(full.rows, full.weights)):     # the same rows, slot by slot
+        model.zero_grad()
+        elbo = model.elbo(batch, noise)
+        elbo.backward()
+        values.append((elbo.detach(), [p.grad.clone() for p in model.parameters()
+                                       if p.grad is not None]))
+    torch.testing.assert_close(values[0][0], values[1][0], rtol=1e-12, atol=0.0)
+    for first, second in zip(values[0][1], values[1][1], strict=True):
+        torch.testing.assert_close(first, second, rtol=1e-10, atol=1e-12)
 
 
 # The KL terms and the initialisation ------------------------------------------------------------

@@ -9,6 +9,7 @@ import torch
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyrogp_models.inference.multitask_fit import (
     MultitaskSpec,
+    _start_deep,
     default_config,
     estimate_elbo,
     fit_multitask_dgp,
@@ -121,6 +122,33 @@ def test_a_transfer_start_puts_the_source_tasks_gp_in_the_shared_column(source):
         residual = data.y[rows] - slopes[task, column] * g[rows]
         assert abs(float(residual @ g[rows])) < 1e-9 * float(g[rows].norm() * data.y[rows].norm())
     assert source_task(data.task, data.num_tasks) == int(torch.bincount(data.task).argmax())
+
+
+def test_a_transfer_start_in_float32_keeps_its_identities_and_trains():
+    """The transfer start's arithmetic keeps the model's dtype: in float32 the shared column's
+    q marginals are the float32 iGP's of the source task and the linear means' residuals are
+    orthogonal to ḡ, to float32 accuracy; the natural-gradient steps and training steps leave
+    every parameter float32 and the ELBO finite."""
+    shallow = fit_multitask_dgp(toy_tasks(20, gap=(0.3, 0.6), seed=0),
+                                MultitaskSpec(model="igp", num_inducing=6, dtype=torch.float32))
+    data, source = shallow.data, source_task(shallow.data.task, shallow.data.num_tasks)
+    deep = build_model("mmdgp", data, MultitaskOptions(num_inducing=6))
+    _start_deep(deep, shallow.model, default_config(MultitaskSpec(model="mmdgp")), "transfer")
+    column = transfer_column(deep)
+    x = data.X.unsqueeze(0)
+    shared_mean, shared_var = deep.latent.shared.marginals(x)
+    igp_mean, igp_var = shallow.model.top.layer.marginals(x.unsqueeze(1))
+    assert shared_mean.dtype == torch.float32
+    torch.testing.assert_close(shared_mean[0, :, column], igp_mean[source, 0])
+    torch.testing.assert_close(shared_var[0, :, column], igp_var[source, 0])
+    g, slopes = shared_mean[0, :, column], deep.top.mean_weights.detach()[:, column, 0]
+    for task in range(data.num_tasks):
+        rows = data.task == task
+        residual = data.y[rows] - slopes[task] * g[rows]
+        assert abs(float(residual @ g[rows])) < 1e-5 * float(g[rows].norm() * data.y[rows].norm())
+    train(deep, config=TrainConfig(lr=0.01, steps=3, tol=None, seed=0, natural_gradient_lr=0.1))
+    assert all(parameter.dtype == torch.float32 for parameter in deep.parameters())
+    assert math.isfinite(float(deep.elbo()))
 
 
 def test_a_deep_fit_wrecked_by_its_optimiser_keeps_the_shallow_model():

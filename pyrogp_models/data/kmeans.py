@@ -71,7 +71,9 @@ def _draw_index(weights: torch.Tensor, generator: torch.Generator | None) -> tor
     w_i / sum(w); zero weights give infinite keys and are never drawn.
     """
     noise_device = weights.device if generator is None else generator.device
-    uniform = torch.rand(weights.shape, generator=generator, device=noise_device)
+    # One stream whatever the default dtype and the points' dtype: the same centres then.
+    uniform = torch.rand(weights.shape, generator=generator, device=noise_device,
+                         dtype=torch.float64)
     exponential = -torch.log1p(-uniform.to(device=weights.device, dtype=weights.dtype))
     keys = torch.where(weights > 0, exponential / weights, torch.inf)
     return keys.argmin(dim=-1, keepdim=True)

@@ -198,6 +198,12 @@ class SparseGPLayer(PyroModule):
         self.q_mean = mean.reshape(self.q_mean.shape).clone()
         self.q_sqrt = chol.reshape(self.q_sqrt.shape).clone()
 
+    def set_posterior_to_prior(self) -> None:
+        """Overwrite q(v) with the whitened prior N(0, I): zero KL."""
+        eye = torch.eye(self.q_sqrt.shape[-1], dtype=self.q_sqrt.dtype,
+                        device=self.q_sqrt.device)
+        self.set_whitened_posterior(torch.zeros_like(self.q_mean), eye.expand_as(self.q_sqrt))
+
     def _require_meanfield(self, what: str) -> None:
         if self.covariance != "meanfield":
             raise NotImplementedError(f"{what} of a joint q over all members is not "

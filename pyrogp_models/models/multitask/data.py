@@ -162,6 +162,27 @@ class TaskBatch:
 
     rows: torch.Tensor
     weights: torch.Tensor
+    #: Whether the batch is every bound row in the bound layout (:func:`full_batch`).
+    full: bool = False
+
+
+@dataclass(frozen=True)
+class DistinctInputs:
+    """The distinct inputs X [U, D] of a per-task layout's slots and, for every slot [T, P], the
+    position of its input among them: a process shared by all tasks is evaluated once per
+    distinct input where the tasks share inputs."""
+
+    X: torch.Tensor
+    index: torch.Tensor
+
+    @classmethod
+    def of(cls, X: torch.Tensor) -> DistinctInputs | None:
+        """From the slots' inputs X [T, P, D]; None when there are as many distinct inputs as
+        slots. Reads the count on the host (once, where data are bound)."""
+        values, index = torch.unique(X.flatten(0, 1), dim=0, return_inverse=True)
+        if len(values) == X.shape[0] * X.shape[1]:
+            return None
+        return cls(values, index.reshape(X.shape[:2]))
 
 
 def weighted_batch(task: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor,
@@ -174,7 +195,7 @@ def weighted_batch(task: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor
 
 def full_batch(layout: TaskLayout, dtype: torch.dtype) -> TaskBatch:
     """All rows of a table laid out by ``layout``, each with weight 1."""
-    return TaskBatch(layout.index, layout.mask.to(dtype))
+    return TaskBatch(layout.index, layout.mask.to(dtype), full=True)
 
 
 def stacked_batch(task: torch.Tensor, batch_size: int, num_tasks: int,

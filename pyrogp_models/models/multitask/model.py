@@ -46,6 +46,7 @@ from pyrogp_models.gaussian.collapsed_bound import collapsed_bound
 from pyrogp_models.layers import ClosedFormGradients, SparseGPLayer, unique_name
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.multitask.data import (
+    DistinctInputs,
     TaskBatch,
     TaskData,
     TaskLayout,
@@ -121,8 +122,10 @@ class MultitaskGP(PyroModule):
 
     def bind(self, data: TaskData | None) -> None:
         """Bind training data (model units) as non-persistent buffers ``data_X``, ``data_task``,
-        ``data_y``, their per-task layout (``data_index``, ``data_mask``, ``data_slot``) and,
-        with correlated noise, their sites (``data_site_*``)."""
+        ``data_y``, their per-task layout (``data_index``, ``data_mask``, ``data_slot``), for a
+        deep model where tasks share inputs the layout's distinct inputs (``data_distinct_X``,
+        ``data_distinct_index``: :meth:`distinct_inputs`) and, with correlated noise, their
+        sites (``data_site_*``)."""
         values = {}
         if data is not None:
             if data.num_tasks != self.num_tasks:
@@ -132,12 +135,15 @@ class MultitaskGP(PyroModule):
             layout = TaskLayout.of(data.task, self.num_tasks)
             values = {"X": data.X, "task": data.task, "y": data.y, "index": layout.index,
                       "mask": layout.mask, "slot": layout.slot}
+            distinct = DistinctInputs.of(data.X[layout.index]) if self.is_deep else None
+            if distinct is not None:
+                values.update(distinct_X=distinct.X, distinct_index=distinct.index)
             if self.site_noise is not None:
                 sites = SiteLayout.of(data.X, data.task, self.num_tasks)
                 require_distinct_outputs(sites, data.y)
                 values.update(site_rows=sites.rows, site_mask=sites.mask, site=sites.site)
-        for key in ("X", "task", "y", "index", "mask", "slot", "site_rows", "site_mask",
-                    "site"):
+        for key in ("X", "task", "y", "index", "mask", "slot", "distinct_X", "distinct_index",
+                    "site_rows", "site_mask", "site"):
             self.register_buffer(f"data_{key}", values.get(key), persistent=False)
 
     def build_layers(self, options: MultitaskOptions, init: Initialisation
@@ -196,23 +202,33 @@ class MultitaskGP(PyroModule):
             noise[..., :shared] = noise[:, :1, :, :shared].clone()
         return noise
 
-    def latent_draws(self, X: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
-        """λ [S, T, P, D^λ] at X [T', P, D] from standard normal draws [S, T, P, noise_width]
-        (x itself, [1, T', P, D], without an inner layer)."""
+    def latent_draws(self, X: torch.Tensor, noise: torch.Tensor | None,
+                     distinct: DistinctInputs | None = None) -> torch.Tensor:
+        """λ [S, T, P, D^λ] at X [T', P, D] (with its ``distinct`` inputs) from standard normal
+        draws [S, T, P, noise_width] (x itself, [1, T', P, D], without an inner layer)."""
         if self.latent is None:
             return X.unsqueeze(0)
-        mean, var = self.latent.marginals(X)
+        mean, var = self.latent.marginals(X, distinct)
         return self.latent.transform(mean + self.inner_scale(var) * noise, X)
+
+    def distinct_inputs(self, batch: TaskBatch) -> DistinctInputs | None:
+        """The distinct inputs of ``batch``'s slots when it is every bound row and the tasks
+        share inputs (None otherwise)."""
+        if not batch.full or self.data_distinct_X is None:
+            return None
+        return DistinctInputs(self.data_distinct_X, self.data_distinct_index)
 
     def inner_scale(self, var: torch.Tensor) -> torch.Tensor:
         """√(σ² + σ_w²): the standard deviation of a draw of the inner blocks' outputs."""
         return (var + self.options.inner_noise).clamp_min(_MIN_VARIANCE).sqrt()
 
-    def output_moments(self, X: torch.Tensor, noise: torch.Tensor | None
+    def output_moments(self, X: torch.Tensor, noise: torch.Tensor | None,
+                       distinct: DistinctInputs | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """λ and, per draw of it, the top layer's marginals N(μ_f, σ_f²) at the slots of the
-        per-task layout X [T', P, D]: λ [S, T, P, D^λ], μ_f and σ_f² [S, T, P(, L)]."""
-        latent = self.latent_draws(X, noise)
+        per-task layout X [T', P, D] (with its ``distinct`` inputs): λ [S, T, P, D^λ], μ_f and
+        σ_f² [S, T, P(, L)]."""
+        latent = self.latent_draws(X, noise, distinct)
         return (latent, *self.top.marginals(latent))
 
     def data_terms(self, batch: TaskBatch | None = None, noise: torch.Tensor | None = None
@@ -227,7 +243,7 @@ class MultitaskGP(PyroModule):
         X, y = self.data_X[batch.rows], self.data_y[batch.rows]
         noise = (self.draw_noise(self.options.num_samples, batch.rows.shape, X)
                  if noise is None else noise[:, batch.rows])
-        _, mean, var = self.output_moments(X, noise)
+        _, mean, var = self.output_moments(X, noise, self.distinct_inputs(batch))
         expected = self.likelihood.expected_log_prob(y, mean, var).mean(0)
         return (expected * batch.weights).sum(-1)
 
@@ -443,7 +459,8 @@ class MultitaskGP(PyroModule):
                 return torch.autograd.grad(data, (mean, var))
 
         with torch.no_grad():
-            return self.top.data_gradients(self.latent_draws(X, noise), derivatives)
+            return self.top.data_gradients(
+                self.latent_draws(X, noise, self.distinct_inputs(batch)), derivatives)
 
     def natural_gradient_objectives(self) -> list:
         """With a Gaussian likelihood and a GP per task (or a joint q) on top, the top layer:

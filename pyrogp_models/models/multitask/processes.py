@@ -28,6 +28,7 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 
 from pyrogp_models.layers import SparseGPLayer
+from pyrogp_models.models.multitask.data import DistinctInputs
 from pyrogp_models.models.multitask.kernel import process_kernel
 
 
@@ -65,10 +66,17 @@ class ProcessBlock(PyroModule):
     def output_width(self) -> int:
         return self.num_processes * self.width
 
-    def marginals(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def marginals(self, X: torch.Tensor, distinct: DistinctInputs | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """q marginals of every output at X [T', P, D] (Hensman et al. 2015, whitened): mean
-        and variance [T'', P, K·W], T'' = T for private processes, else T'."""
-        mean, var = self.layer.marginals(self._points(X))
+        and variance [T'', P, K·W], T'' = T for private processes, else T'. ``distinct``: X's
+        distinct inputs, at which shared processes are evaluated once each."""
+        if distinct is None or self.per_task:
+            mean, var = self.layer.marginals(self._points(X))
+        else:
+            mean, var = self.layer.marginals(distinct.X.reshape(1, 1, *distinct.X.shape))
+            slots = distinct.index.flatten()
+            mean, var = mean[..., slots], var[..., slots]
         return self._arrange(mean, X) + self._mean(X), self._arrange(var, X)
 
     def conditional(self, whitened: torch.Tensor, X: torch.Tensor
@@ -121,9 +129,11 @@ class LatentSpace(PyroModule):
         """Outputs of all blocks: the standard normals one draw of the latent space needs."""
         return sum(block.output_width for _, block in self.blocks())
 
-    def marginals(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q marginals of the blocks' outputs at X [T', P, D]: [T, P, noise_width] each."""
-        return _concatenate([block.marginals(X) for _, block in self.blocks()])
+    def marginals(self, X: torch.Tensor, distinct: DistinctInputs | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q marginals of the blocks' outputs at X [T', P, D] (with its ``distinct`` inputs):
+        [T, P, noise_width] each."""
+        return _concatenate([block.marginals(X, distinct) for _, block in self.blocks()])
 
     def conditional(self, whitened: dict[str, torch.Tensor], X: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -89,10 +89,7 @@ def embed_shallow(deep: MultitaskGP, shallow: MultitaskGP,
     deep.likelihood.load_state_dict(shallow.likelihood.state_dict())
     for _, block in deep.latent.blocks():
         layer = block.layer
-        layer.set_whitened_posterior(torch.zeros_like(layer.q_mean),
-                                     torch.eye(layer.num_inducing, dtype=layer.q_mean.dtype,
-                                               device=layer.q_mean.device)
-                                     .expand_as(layer.q_sqrt))
+        layer.set_posterior_to_prior()
         if inner_variance is not None:
             layer.kernel.variance = torch.full_like(layer.kernel.variance, inner_variance)
     weights = latent_weights(deep)
@@ -157,8 +154,7 @@ def embed_transfer(deep: MultitaskGP, shallow: MultitaskGP, source: int) -> None
     shared.kernel.lengthscale = lengthscale.expand_as(shared.kernel.lengthscale).clone()
     shared.kernel.variance = source_gp.kernel.variance[source].expand_as(
         shared.kernel.variance).clone()
-    eye = torch.eye(shared.num_inducing, dtype=shared.q_mean.dtype, device=shared.q_mean.device)
-    mean, sqrt = torch.zeros_like(shared.q_mean), eye.expand_as(shared.q_sqrt).clone()
+    mean, sqrt = shared.q_mean.clone(), shared.q_sqrt.clone()                # the prior
     mean[0, column], sqrt[0, column] = source_gp.q_mean[source, 0], source_gp.q_sqrt[source, 0]
     shared.set_whitened_posterior(mean, sqrt)
     top = deep.top.layer
@@ -167,9 +163,7 @@ def embed_transfer(deep: MultitaskGP, shallow: MultitaskGP, source: int) -> None
     lengthscale = torch.full_like(top.kernel.lengthscale, UNUSED_LENGTHSCALE)
     lengthscale[..., column] = LATENT_LENGTHSCALE
     top.kernel.lengthscale = lengthscale
-    top.set_whitened_posterior(torch.zeros_like(top.q_mean),
-                               torch.eye(top.num_inducing, dtype=top.q_mean.dtype,
-                                         device=top.q_mean.device).expand_as(top.q_sqrt))
+    top.set_posterior_to_prior()
     if getattr(deep.top, "mean_weights", None) is not None and deep.likelihood.name == "gaussian":
         deep.top.mean_weights = latent_slopes(deep, column)
 
