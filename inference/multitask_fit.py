@@ -51,6 +51,7 @@ from pyrogp_models.models.multitask import (
     as_task_data,
     build_model,
 )
+from pyrogp_models.models.multitask.options import DEFAULT_COREGIONAL_RANK
 from pyrogp_models.models.multitask.warm_start import (
     CONTAINED,
     SWITCHED_OFF,
@@ -222,6 +223,11 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     options = spec.options().with_inducing_for(
         torch.bincount(model_data.task, minlength=model_data.num_tasks).tolist())
     spec = replace(spec, num_inducing=options.num_inducing)
+    candidates = rank_candidates(spec, model_data.num_tasks)
+    if len(candidates) > 1:
+        fits = [fit_multitask_dgp(tasks, candidate, config) for candidate in candidates]
+        best = max(fits, key=lambda fit: fit.elbo)
+        return replace(best, phases=[phase for fit in fits for phase in fit.phases])
     model = build_model(spec.model, model_data, options, spec.inducing_init,
                         torch.Generator(device=spec.device).manual_seed(seed))
     if not (model.is_deep and spec.warm_start):
@@ -233,6 +239,22 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     predictor = MultitaskPredictor(model, standardisation, spec.predictive_samples, seed)
     return MultitaskFit(model, result, predictor, standardisation, spec, model_data,
                         estimate_elbo(model, seed=seed), phases, kept)
+
+
+def rank_candidates(spec: MultitaskSpec, num_tasks: int) -> list[MultitaskSpec]:
+    """The fits a default cGP compares by their ELBO (more than 2 tasks, rank not given): R = 2
+    latent GPs of M inducing inputs each, and a latent GP per task (R = T) with as many
+    inducing values in all, ⌈2M/T⌉ per latent GP, at k-means centres of the inputs (fixed
+    unless ``learn_inducing`` says otherwise). Few shared latent GPs squeeze outputs that move on
+    their own; many can carry noise from one output into another. ``spec`` alone otherwise."""
+    if spec.model != "cgp" or spec.coregional_rank is not None \
+            or num_tasks <= DEFAULT_COREGIONAL_RANK:
+        return [spec]
+    per_latent = math.ceil(DEFAULT_COREGIONAL_RANK * spec.num_inducing / num_tasks)
+    learn = False if spec.learn_inducing is None else spec.learn_inducing
+    return [replace(spec, coregional_rank=DEFAULT_COREGIONAL_RANK),
+            replace(spec, coregional_rank=num_tasks, num_inducing=per_latent,
+                    learn_inducing=learn)]
 
 
 def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,

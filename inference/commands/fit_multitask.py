@@ -78,8 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "has its own (lmc: slow and fast co-variation together) "
                              "(default: lmc)")
     parser.add_argument("--rank", type=int, metavar="R",
-                        help="cgp, cmdgp: latent GPs mixed into every output (default: the "
-                             "number of tasks, at most 2)")
+                        help="cgp, cmdgp: latent GPs mixed into every output (default: 2; "
+                             "with more than 2 tasks cgp also fits one per task, with 2M/T "
+                             "inducing inputs each at fixed k-means centres, and keeps the "
+                             "higher ELBO)")
     parser.add_argument("--noise", metavar="correlated|independent", choices=LibraryNames(
                             "pyrogp_models.models.multitask.options:NOISES"),
                         help="cgp: the noise of the outputs observed at one input is correlated "

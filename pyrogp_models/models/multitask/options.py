@@ -22,7 +22,9 @@ their best):
   (``top_mean="linear"``, starting at 0): the linear coregionalisation of the shared processes
   (eq. 11) sits inside the non-linear model; ``"zero"`` is the paper's;
 - the coregionalised models (cGP, cMDGP) mix R = min(T, 2) latent GPs per output (the rank of
-  the coregionalisation matrix) and cMDGP mixes Q = W latent GPs into its latent space;
+  the coregionalisation matrix; a default cGP fit also tries R = T and keeps the better bound,
+  :func:`pyrogp_models.inference.multitask_fit.rank_candidates`) and cMDGP mixes Q = W latent
+  GPs into its latent space;
 - cGP with a Gaussian likelihood on all rows has noise correlated across the outputs observed at
   one input (``noise="correlated"``, starting independent); every other model independent noise.
 """
@@ -44,6 +46,8 @@ NOISES = ("independent", "correlated")
 #: The most inducing inputs per process by default: every row of the largest task up to this
 #: (where a single-layer model has them all, it is the exact GP and they stay fixed).
 MAX_DEFAULT_TASK_INDUCING = 400
+#: Latent GPs a coregionalised model mixes by default (at most the number of tasks).
+DEFAULT_COREGIONAL_RANK = 2
 #: Default (I, J): shared processes and private processes per task of each deep model.
 PROCESS_COUNTS = {"smdgp": (1, 0), "mmdgp": (1, 1), "idgp": (0, 1)}
 
@@ -148,7 +152,8 @@ class MultitaskOptions:
                        shared_width=self.shared_width or inner, num_private=private,
                        private_width=self.private_width or inner,
                        num_coregional=self.num_coregional or inner,
-                       coregional_rank=self.coregional_rank or min(num_tasks, 2),
+                       coregional_rank=(self.coregional_rank
+                                        or min(num_tasks, DEFAULT_COREGIONAL_RANK)),
                        top_mean=top_mean)
 
     def with_inducing_for(self, counts: list[int]) -> MultitaskOptions:
