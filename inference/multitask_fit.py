@@ -94,8 +94,9 @@ class MultitaskSpec(MultitaskOptions):
 
 @dataclass
 class Phase:
-    """One training phase of a fit: the model kind trained, its optimiser steps, wall seconds,
-    whether it converged and its ELBO at the end (:func:`estimate_elbo`)."""
+    """One training phase of a fit: the model kind trained (with its rank, ``"cgp (R = 4)"``,
+    where a default cGP compares ranks: :func:`rank_candidates`), its optimiser steps, wall
+    seconds, whether it converged and its ELBO at the end (:func:`estimate_elbo`)."""
 
     model: str
     steps: int
@@ -227,7 +228,9 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     if len(candidates) > 1:
         fits = [fit_multitask_dgp(tasks, candidate, config) for candidate in candidates]
         best = max(fits, key=lambda fit: fit.elbo)
-        return replace(best, phases=[phase for fit in fits for phase in fit.phases])
+        return replace(best, phases=[
+            replace(phase, model=f"{phase.model} (R = {candidate.coregional_rank})")
+            for candidate, fit in zip(candidates, fits, strict=True) for phase in fit.phases])
     model = build_model(spec.model, model_data, options, spec.inducing_init,
                         torch.Generator(device=spec.device).manual_seed(seed))
     if not (model.is_deep and spec.warm_start):

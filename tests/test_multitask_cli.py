@@ -146,6 +146,21 @@ def test_cgp_takes_its_coregionalisation_and_rank_from_the_command_line(capsys, 
         capsys, "info", out)
 
 
+def test_a_default_cgp_on_three_outputs_reports_both_ranks_and_the_one_it_keeps(capsys, folder):
+    rng = np.random.default_rng(4)
+    x = np.sort(rng.uniform(0, 1, 30))
+    a, b = np.sin(6 * x), np.cos(4 * x)
+    table = {"x": x, "a": a + 0.05 * rng.normal(size=30), "b": b + 0.05 * rng.normal(size=30),
+             "c": a - b + 0.3 * rng.normal(size=30)}
+    out = folder / "ranks.safetensors"
+    printed = run_ok(capsys, "--threads", "1", "fit-multitask",
+                     write_csv(folder / "three.csv", table), "--target", "a,b,c", "--out", out)
+    assert "cgp (R = 2)" in printed and "cgp (R = 3)" in printed
+    rank = load_multitask(out).model.options.coregional_rank
+    assert f"M = {30 if rank == 2 else 20}, R = {rank}: ELBO" in printed
+    assert f"phase cgp (R = {5 - rank})" in run_ok(capsys, "info", out)
+
+
 def test_the_default_is_an_lmc_cgp_and_the_exact_gp_where_the_largest_task_has_every_input(
         capsys, folder):
     """No flags: cGP with a kernel per latent GP, M = the largest task's rows; where that task

@@ -197,6 +197,7 @@ def test_a_default_cgp_on_more_than_two_tasks_keeps_the_rank_with_the_higher_elb
     best = max(fits, key=lambda each: each.elbo)
     assert fit.elbo == best.elbo and fit.model.options.coregional_rank == best.spec.coregional_rank
     assert [phase.elbo for phase in fit.phases] == [each.elbo for each in fits]
+    assert [phase.model for phase in fit.phases] == ["cgp (R = 2)", "cgp (R = 3)"]
 
 
 def test_the_default_inducing_inputs_are_the_largest_tasks_rows_up_to_a_cap():

@@ -172,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
                                 "yes" if phase.converged else "no", f"{phase.elbo:.6g}")
                                for phase in fit.phases]))
     kept = "" if fit.kept == args.model else f" (kept at the {fit.kept} it contains)"
-    print(f"\n{args.model}, {len(columns.tasks)} tasks, M = {fit.spec.num_inducing}: ELBO "
+    rank = (f", R = {fit.model.options.coregional_rank}"
+            if args.model in ("cgp", "cmdgp") else "")
+    print(f"\n{args.model}, {len(columns.tasks)} tasks, M = {fit.spec.num_inducing}{rank}: ELBO "
           f"{fit.elbo:.6g}{kept}, {fit.steps} steps, "
           f"{'converged' if fit.converged else 'not converged'}, {fit.seconds:.1f} s; "
           f"written to {path}")
