@@ -74,7 +74,7 @@ class ProcessBlock(PyroModule):
         if distinct is None or self.per_task:
             mean, var = self.layer.marginals(self._points(X))
         else:
-            mean, var = self.layer.marginals(distinct.X.reshape(1, 1, *distinct.X.shape))
+            mean, var = self.layer.marginals(self._points(distinct.X.unsqueeze(0)))
             slots = distinct.index.flatten()
             mean, var = mean[..., slots], var[..., slots]
         return self._arrange(mean, X) + self._mean(X), self._arrange(var, X)
