@@ -1125,6 +1125,15 @@ def previous_sections(path: Path) -> tuple[dict, dict[str, str]]:
     return payload, sections
 
 
+def _kept_text(previous: str, commit: str) -> str:
+    """A section's previous text without its figure or earlier not-rerun lines, under one
+    not-rerun line naming ``commit``."""
+    body = previous.split("\n\n![")[0].strip()
+    while body.startswith("*Not rerun"):
+        body = body.partition("\n\n")[2]
+    return f"*Not rerun: results of commit {commit}.*\n\n{body}"
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     settings = QUICK if args.quick else FULL
@@ -1155,8 +1164,7 @@ def main(argv=None) -> dict:
             print(f"\n{title}\n{text}", flush=True)
         else:
             commit = previous.get("kept_from", {}).get(key) or previous["machine"]["commit"]
-            record, text = previous[key], previous_text.get(title, "").split("\n\n![")[0]
-            text = f"*Not rerun: results of commit {commit}.*\n\n{text}"
+            record, text = previous[key], _kept_text(previous_text.get(title, ""), commit)
             payload["kept_from"][key] = commit
         payload[key] = record
         figure = f"\n\n![{key}](mt_{key}{suffix}.png)" if key not in ("transfer", "real") \

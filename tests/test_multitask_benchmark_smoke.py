@@ -13,7 +13,12 @@ from helpers import ROOT, run_quick_benchmark
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from multitask_experiments import GRAVITY, arm_torques, standardised_nlpd  # noqa: E402
+from multitask_experiments import (  # noqa: E402
+    GRAVITY,
+    _kept_text,
+    arm_torques,
+    standardised_nlpd,
+)
 
 from pyrogp_models.models.multitask import WARPED_LATENTS
 
@@ -189,3 +194,12 @@ def test_standardised_nlpd_is_the_nlpd_of_the_scaled_targets():
     in_data_units = norm.logpdf(scale * y, scale * mean, scale * sd)
     expected = -norm.logpdf(y, mean, sd).mean()
     assert standardised_nlpd(in_data_units, scale) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_section_kept_twice_names_one_commit_and_keeps_its_text():
+    """A section not rerun keeps its text under one not-rerun line, however often it is kept."""
+    first = "| table |\n\nA note.\n\n![toy](mt_toy.png)\n"
+    once = _kept_text(first, "aaa")
+    twice = _kept_text(once + "\n", "bbb")
+    assert twice == "*Not rerun: results of commit bbb.*\n\n| table |\n\nA note."
+    assert once.replace("aaa", "bbb") == twice
