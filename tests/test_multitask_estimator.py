@@ -453,6 +453,31 @@ def test_shared_processes_once_per_distinct_input_give_the_same_elbo_and_gradien
         torch.testing.assert_close(first, second, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("noise", ["independent", "correlated"])
+def test_cgp_latent_gps_once_per_distinct_input_give_the_same_bound_and_gradients(noise):
+    """cGP's collapsed bound (independent noise: its features per row; correlated: its
+    whitened site rows) from its latent GPs at the distinct inputs equals the bound from every
+    slot evaluated, and so do its gradients."""
+    pairs = toy_tasks(15, seed=3)
+    X = pairs[0][0]
+    data = TaskData.from_list([(X, pairs[0][1]), (X, np.sin(2 * pairs[0][1] + 1)),
+                               (X[:6], pairs[1][1][:6])])
+    model = randomise(build_model("cgp", data, MultitaskOptions(num_inducing=5, noise=noise)))
+    assert model.distinct_inputs(model.full_batch()).X.shape[0] == len(X)
+    values = []
+    for distinct in (model.data_distinct_X, None):                  # then slot by slot
+        model.data_distinct_X = distinct
+        model.zero_grad()
+        bound = model.collapsed_bound()
+        bound.backward()
+        values.append((bound.detach(), [p.grad.clone() for p in model.parameters()
+                                        if p.grad is not None]))
+    torch.testing.assert_close(values[0][0], values[1][0], rtol=1e-12, atol=0.0)
+    assert len(values[0][1]) == len(values[1][1]) > 0
+    for first, second in zip(values[0][1], values[1][1], strict=True):
+        torch.testing.assert_close(first, second, rtol=1e-10, atol=1e-12)
+
+
 # The KL terms and the initialisation ------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["mmdgp", "cmdgp", "cgp"])
 def test_the_kl_is_the_sum_of_every_layers_whitened_kl(kind):

@@ -123,9 +123,9 @@ class MultitaskGP(PyroModule):
     def bind(self, data: TaskData | None) -> None:
         """Bind training data (model units) as non-persistent buffers ``data_X``, ``data_task``,
         ``data_y``, their per-task layout (``data_index``, ``data_mask``, ``data_slot``), for a
-        deep model where tasks share inputs the layout's distinct inputs (``data_distinct_X``,
-        ``data_distinct_index``: :meth:`distinct_inputs`) and, with correlated noise, their
-        sites (``data_site_*``)."""
+        model with shared processes (:attr:`shares_processes`) where tasks share inputs the
+        layout's distinct inputs (``data_distinct_X``, ``data_distinct_index``:
+        :meth:`distinct_inputs`) and, with correlated noise, their sites (``data_site_*``)."""
         values = {}
         if data is not None:
             if data.num_tasks != self.num_tasks:
@@ -135,7 +135,8 @@ class MultitaskGP(PyroModule):
             layout = TaskLayout.of(data.task, self.num_tasks)
             values = {"X": data.X, "task": data.task, "y": data.y, "index": layout.index,
                       "mask": layout.mask, "slot": layout.slot}
-            distinct = DistinctInputs.of(data.X[layout.index]) if self.is_deep else None
+            distinct = (DistinctInputs.of(data.X[layout.index]) if self.shares_processes
+                        else None)
             if distinct is not None:
                 values.update(distinct_X=distinct.X, distinct_index=distinct.index)
             if self.site_noise is not None:
@@ -161,6 +162,13 @@ class MultitaskGP(PyroModule):
     def is_deep(self) -> bool:
         """Whether an inner layer feeds the top layer (the DGPs; not iGP and cGP)."""
         return self.latent is not None
+
+    @property
+    def shares_processes(self) -> bool:
+        """Whether some process sees the inputs themselves and is shared by the tasks (a deep
+        model's shared inner processes, cGP's latent GPs): evaluated once per distinct input
+        on the full batch."""
+        return self.is_deep or isinstance(self.top, CoregionalisedGP)
 
     @property
     def noisy_objective(self) -> bool:
@@ -262,8 +270,9 @@ class MultitaskGP(PyroModule):
         and log σ_t + log (L_s)_tt. A whitened row's marginal is N(b̃ᵀm, b̃ᵀSb̃ + ũ) with unit
         noise."""
         sites, layout = self.data_sites(), self.data_layout()
-        features, _, unexplained = self.top.features(self.data_X[layout.index].unsqueeze(0),
-                                                     per_latent=True)
+        features, _, unexplained = self.top.features(
+            self.data_X[layout.index].unsqueeze(0), per_latent=True,
+            distinct=self.distinct_inputs(self.full_batch()))
         features = sites.gather(layout.to_long(features.squeeze(0), 1))
         unexplained = sites.gather(layout.to_long(unexplained.squeeze(0), 1)).amax(-2)
         factors = self.site_noise.site_factors(sites.mask)
@@ -336,7 +345,11 @@ class MultitaskGP(PyroModule):
                                     unexplained) - log_scales.sum())
         batch = self.full_batch()
         X, y = self.data_X[batch.rows], self.data_y[batch.rows]
-        features, offset, unexplained = self.top.features(X.unsqueeze(0))
+        if isinstance(self.top, CoregionalisedGP):  # latent GPs shared by the tasks
+            features, offset, unexplained = self.top.features(
+                X.unsqueeze(0), distinct=self.distinct_inputs(batch))
+        else:
+            features, offset, unexplained = self.top.features(X.unsqueeze(0))
         terms = (features.squeeze(0), (y - offset).reshape(y.shape), batch.weights,
                  self.likelihood.variance.unsqueeze(-1).expand_as(y),
                  unexplained.reshape(y.shape))

@@ -26,6 +26,7 @@ from pyro.nn import PyroModule, PyroParam
 
 from pyrogp_models.layers import SparseGPLayer
 from pyrogp_models.likelihoods import latent_layout
+from pyrogp_models.models.multitask.data import DistinctInputs
 from pyrogp_models.models.multitask.kernel import process_kernel
 
 #: Means of the marginals [..., T, P] → (∂E/∂μ, ∂E/∂σ²) [..., T, P] of a data term E.
@@ -158,16 +159,22 @@ class CoregionalisedGP(PyroModule):
         return (b @ self.layer.q_mean.reshape(-1),
                 unexplained + (b @ self.layer.q_sqrt).square().sum(-1))
 
-    def features(self, latent: torch.Tensor, per_latent: bool = False
+    def features(self, latent: torch.Tensor, per_latent: bool = False,
+                 distinct: DistinctInputs | None = None
                  ) -> tuple[torch.Tensor, float, torch.Tensor]:
         """The marginals at λ [..., T', P, D^λ] as μ = bᵀm and σ² = bᵀSb + d for a joint q:
         b_n = (W_tr a_r(λ_n))_r [..., T, P, R·L·M], a_r = chol(K_zz,r)⁻¹k_r(Z_r, λ_n), no mean
         offset, and the unexplained prior variance d = Σ_r W_tr² d_r, d_r = k_r(λ, λ) − ‖a_r‖²
-        [..., T, P(, L)] (``per_latent``: the d_r themselves [..., T, P, R], L = 1)."""
-        points = self._points(latent)
+        [..., T, P(, L)] (``per_latent``: the d_r themselves [..., T, P, R], L = 1).
+        ``distinct``: the distinct inputs of λ = x [1, T', P, D], at which the a_r and d_r are
+        evaluated once each."""
+        points = self._points(latent if distinct is None else distinct.X[None, None])
         A = self.layer.projection(points)                                  # [..., R, 1, M, n]
         A = A.expand(*A.shape[:-4], *self.layer.batch_shape, *A.shape[-2:])
         prior = (self.layer.kernel.diag(points) - A.square().sum(-2)).clamp_min(0.0)
+        if distinct is not None:
+            slots = distinct.index.flatten()
+            A, prior = A[..., slots], prior[..., slots]
         tasks, slots = self.mixing.shape[0], latent.shape[-2]
         a = A.unflatten(-1, latent.shape[-3:-1]).movedim(-1, -5).movedim(-1, -5)
         a = a.expand(*a.shape[:-5], tasks, slots, *a.shape[-3:])           # [..., T, P, R, L, M]
