@@ -184,6 +184,10 @@ class DistinctInputs:
             return None
         return cls(values, index.reshape(X.shape[:2]))
 
+    def to_slots(self, values: torch.Tensor) -> torch.Tensor:
+        """Values [..., U] at the distinct inputs as values [..., T·P] at the slots."""
+        return values[..., self.index.flatten()]
+
 
 def weighted_batch(task: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor,
                    num_tasks: int) -> TaskBatch:

@@ -173,8 +173,7 @@ class CoregionalisedGP(PyroModule):
         A = A.expand(*A.shape[:-4], *self.layer.batch_shape, *A.shape[-2:])
         prior = (self.layer.kernel.diag(points) - A.square().sum(-2)).clamp_min(0.0)
         if distinct is not None:
-            slots = distinct.index.flatten()
-            A, prior = A[..., slots], prior[..., slots]
+            A, prior = distinct.to_slots(A), distinct.to_slots(prior)
         tasks, slots = self.mixing.shape[0], latent.shape[-2]
         a = A.unflatten(-1, latent.shape[-3:-1]).movedim(-1, -5).movedim(-1, -5)
         a = a.expand(*a.shape[:-5], tasks, slots, *a.shape[-3:])           # [..., T, P, R, L, M]

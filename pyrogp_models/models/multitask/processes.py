@@ -75,8 +75,7 @@ class ProcessBlock(PyroModule):
             mean, var = self.layer.marginals(self._points(X))
         else:
             mean, var = self.layer.marginals(self._points(distinct.X.unsqueeze(0)))
-            slots = distinct.index.flatten()
-            mean, var = mean[..., slots], var[..., slots]
+            mean, var = distinct.to_slots(mean), distinct.to_slots(var)
         return self._arrange(mean, X) + self._mean(X), self._arrange(var, X)
 
     def conditional(self, whitened: torch.Tensor, X: torch.Tensor
