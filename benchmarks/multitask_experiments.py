@@ -1020,8 +1020,9 @@ JOBS = {"toy": toy_job, "transfer": transfer_job, "real": real_job, "digits": di
         "arm": arm_job, "faims": faims_job}
 
 
-def job_list(s: Settings, only) -> list[tuple]:
-    """Every fit as a key (experiment, model, seed[, N]), the most expensive first."""
+def job_list(s: Settings, only, real_models=None) -> list[tuple]:
+    """Every fit as a key (experiment, model, seed[, N]), the most expensive first; the real-data
+    experiment fits only ``real_models`` (and the regression) where given."""
     jobs = []
     if "toy" in only:
         jobs += [("toy", kind, seed) for kind in (*MODELS, "cgp1") for seed in s.toy_seeds]
@@ -1030,7 +1031,8 @@ def job_list(s: Settings, only) -> list[tuple]:
                  for kind in TRANSFER_MODELS for seed in s.transfer_seeds]
     if "real" in only:
         jobs += [("real", kind, seed, name) for name in s.real_sets
-                 for kind in ("lr", *s.real_models) for seed in real_stretches(s, name)]
+                 for kind in ("lr", *s.real_models) for seed in real_stretches(s, name)
+                 if real_models is None or kind in ("lr", *real_models)]
     if "digits" in only:
         jobs += [("digits", kind, seed) for kind in MODELS for seed in s.digits_seeds]
     if "arm" in only:
@@ -1058,8 +1060,16 @@ def run_job(key: tuple, s: Settings) -> tuple[tuple, dict, float]:
     return key, record, time.perf_counter() - started
 
 
-def run_all(s: Settings, only, workers: int) -> tuple[dict, dict]:
-    jobs = job_list(s, only)
+def kept_real_runs(previous: dict, s: Settings, kinds) -> dict:
+    """The previous results' real-data records of ``kinds``, keyed as :func:`job_list` keys
+    them."""
+    return {("real", kind, seed, name): previous["real"][name]["runs"][kind][index]
+            for name in s.real_sets for kind in kinds
+            for index, seed in enumerate(real_stretches(s, name))}
+
+
+def run_all(s: Settings, only, workers: int, real_models=None) -> tuple[dict, dict]:
+    jobs = job_list(s, only, real_models)
     results, seconds = {}, {}
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
@@ -1105,6 +1115,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="comma-separated experiments to run; the others keep their "
                              "section and record from the previous results file, marked with "
                              "the commit that made them (default: all)")
+    parser.add_argument("--real-models", default=None,
+                        help="comma-separated models whose fits the real-data experiment "
+                             "reruns; the other models' rows are kept from the previous "
+                             "results, marked with their commit (default: all)")
     return parser.parse_args(argv)
 
 
@@ -1153,14 +1167,26 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     print(f"multitask experiments ({'quick' if args.quick else 'full'}): {only}, "
           f"{args.workers} workers", flush=True)
-    results, seconds = run_all(settings, only, args.workers)
+    real_models = args.real_models.split(",") if args.real_models else None
+    results, seconds = run_all(settings, only, args.workers, real_models)
     payload = {"benchmark": "multitask_experiments", "mode": "quick" if args.quick else "full",
                "machine": machine_info(), "settings": asdict(settings),
                "fit_seconds": seconds, "rerun": only, "kept_from": {}}
+    if real_models is not None and "real" in only:
+        kept = [kind for kind in settings.real_models if kind not in real_models]
+        results.update(kept_real_runs(previous, settings, kept))
+        made = (previous.get("kept_from", {}).get("real") or previous["machine"]["commit"])
+        payload["real_kept_from"] = {kind: previous.get("real_kept_from", {}).get(kind, made)
+                                     for kind in kept}
     sections = []
     for key, (title, report) in EXPERIMENTS.items():
         if key in only:
             text, record = report(results, settings, out, suffix)
+            if key == "real" and payload.get("real_kept_from"):
+                text = ("*Rows kept from earlier runs: "
+                        + ", ".join(f"{kind} (commit {commit})"
+                                    for kind, commit in payload["real_kept_from"].items())
+                        + ".*\n\n" + text)
             print(f"\n{title}\n{text}", flush=True)
         else:
             commit = previous.get("kept_from", {}).get(key) or previous["machine"]["commit"]

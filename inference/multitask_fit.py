@@ -22,8 +22,12 @@ the library's trainer (:func:`pyrogp_models.inference.trainer.train`):
   numbers) and compared with the embedded shallow model's: the best state is kept, so a deep
   fit never ends below the shallow model it contains.
 
-The fit records every phase (model, steps, seconds, converged, ELBO) and the final ELBO. The
-predictor works in data units and takes the task of every point as ``labels``.
+A default cGP on more than two tasks fits two ranks (:func:`rank_candidates`) and keeps the one
+that predicts hidden stretches of each output from the rest best
+(:func:`~pyrogp_models.inference.multitask_held_out.held_out_error`; the higher ELBO where no
+held-out error is in closed form). The fit records every phase (model, steps, seconds,
+converged, ELBO, held-out error where computed) and the final ELBO. The predictor works in data
+units and takes the task of every point as ``labels``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 from pyrogp_models.inference.fit_result import Fit
+from pyrogp_models.inference.multitask_held_out import held_out_error
 from pyrogp_models.inference.natural_gradient import NaturalGradient
 from pyrogp_models.inference.train_config import (
     MULTITASK_DEEP_CONFIG,
@@ -96,13 +101,15 @@ class MultitaskSpec(MultitaskOptions):
 class Phase:
     """One training phase of a fit: the model kind trained (with its rank, ``"cgp (R = 4)"``,
     where a default cGP compares ranks: :func:`rank_candidates`), its optimiser steps, wall
-    seconds, whether it converged and its ELBO at the end (:func:`estimate_elbo`)."""
+    seconds, whether it converged, its ELBO at the end (:func:`estimate_elbo`) and, where ranks
+    were compared by it, its held-out error (:func:`held_out_error`)."""
 
     model: str
     steps: int
     seconds: float
     converged: bool
     elbo: float
+    held_out: float | None = None
 
 
 @dataclass
@@ -227,10 +234,7 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     candidates = rank_candidates(spec, model_data.num_tasks)
     if len(candidates) > 1:
         fits = [fit_multitask_dgp(tasks, candidate, config) for candidate in candidates]
-        best = max(fits, key=lambda fit: fit.elbo)
-        return replace(best, phases=[
-            replace(phase, model=f"{phase.model} (R = {candidate.coregional_rank})")
-            for candidate, fit in zip(candidates, fits, strict=True) for phase in fit.phases])
+        return _best_rank(fits, candidates, seed)
     model = build_model(spec.model, model_data, options, spec.inducing_init,
                         torch.Generator(device=spec.device).manual_seed(seed))
     if not (model.is_deep and spec.warm_start):
@@ -245,11 +249,12 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
 
 
 def rank_candidates(spec: MultitaskSpec, num_tasks: int) -> list[MultitaskSpec]:
-    """The fits a default cGP compares by their ELBO (more than 2 tasks, rank not given): R = 2
-    latent GPs of M inducing inputs each, and a latent GP per task (R = T) with as many
-    inducing values in all, ⌈2M/T⌉ per latent GP, at k-means centres of the inputs (fixed
-    unless ``learn_inducing`` says otherwise). Few shared latent GPs squeeze outputs that move on
-    their own; many can carry noise from one output into another. ``spec`` alone otherwise."""
+    """The fits a default cGP compares by their held-out error (:func:`held_out_error`; more
+    than 2 tasks, rank not given): R = 2 latent GPs of M inducing inputs each, and a latent GP
+    per task (R = T) with as many inducing values in all, ⌈2M/T⌉ per latent GP, at k-means
+    centres of the inputs (fixed unless ``learn_inducing`` says otherwise). Few shared latent
+    GPs squeeze outputs that move on their own; many can carry noise from one output into
+    another. ``spec`` alone otherwise."""
     if spec.model != "cgp" or spec.coregional_rank is not None \
             or num_tasks <= DEFAULT_COREGIONAL_RANK:
         return [spec]
@@ -258,6 +263,22 @@ def rank_candidates(spec: MultitaskSpec, num_tasks: int) -> list[MultitaskSpec]:
     return [replace(spec, coregional_rank=DEFAULT_COREGIONAL_RANK),
             replace(spec, coregional_rank=num_tasks, num_inducing=per_latent,
                     learn_inducing=learn)]
+
+
+def _best_rank(fits: list[MultitaskFit], candidates: list[MultitaskSpec], seed: int
+               ) -> MultitaskFit:
+    """The fit of the rank that predicts hidden stretches best (:func:`held_out_error`;
+    the higher ELBO where a model has no closed-form q(u) optimum), with every fit's phases."""
+    if all(fit.model.collapsible for fit in fits):
+        errors = [held_out_error(fit.model, fit.data, seed=seed) for fit in fits]
+        best = fits[errors.index(min(errors))]
+    else:
+        errors = [None] * len(fits)
+        best = max(fits, key=lambda fit: fit.elbo)
+    return replace(best, phases=[
+        replace(phase, model=f"{phase.model} (R = {candidate.coregional_rank})", held_out=error)
+        for candidate, fit, error in zip(candidates, fits, errors, strict=True)
+        for phase in fit.phases])
 
 
 def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,

@@ -14,9 +14,13 @@ from helpers import ROOT, run_quick_benchmark
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from multitask_experiments import (  # noqa: E402
+    FULL,
     GRAVITY,
     _kept_text,
     arm_torques,
+    job_list,
+    kept_real_runs,
+    real_stretches,
     standardised_nlpd,
 )
 
@@ -203,3 +207,21 @@ def test_a_section_kept_twice_names_one_commit_and_keeps_its_text():
     twice = _kept_text(once + "\n", "bbb")
     assert twice == "*Not rerun: results of commit bbb.*\n\n| table |\n\nA note."
     assert once.replace("aaa", "bbb") == twice
+
+
+def test_the_real_data_experiment_reruns_the_models_named_and_keeps_the_others_rows():
+    """``--real-models cgp``: the real-data jobs are the regression's and cGP's; every other
+    model's record is the previous results' record of the same set and stretch."""
+    jobs = job_list(FULL, ["real"], ["cgp"])
+    assert {key[1] for key in jobs} == {"lr", "cgp"}
+    assert len(jobs) == 2 * sum(len(real_stretches(FULL, name)) for name in FULL.real_sets)
+    previous = {"real": {name: {"runs": {kind: [{"rmse": hash((name, kind, i))}
+                                                for i in range(len(real_stretches(FULL, name)))]
+                                         for kind in FULL.real_models}}
+                         for name in FULL.real_sets}}
+    kept = kept_real_runs(previous, FULL, ["igp"])
+    assert {key[1] for key in kept} == {"igp"}
+    for (_, kind, seed, name), record in kept.items():
+        index = real_stretches(FULL, name).index(seed)
+        assert record == previous["real"][name]["runs"][kind][index]
+    assert len(kept) == len(jobs) // 2

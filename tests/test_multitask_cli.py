@@ -146,7 +146,8 @@ def test_cgp_takes_its_coregionalisation_and_rank_from_the_command_line(capsys, 
         capsys, "info", out)
 
 
-def test_a_default_cgp_on_three_outputs_reports_both_ranks_and_the_one_it_keeps(capsys, folder):
+def test_a_default_cgp_on_three_outputs_reports_both_ranks_and_keeps_the_better_held_out(
+        capsys, folder):
     rng = np.random.default_rng(4)
     x = np.sort(rng.uniform(0, 1, 30))
     a, b = np.sin(6 * x), np.cos(4 * x)
@@ -158,7 +159,12 @@ def test_a_default_cgp_on_three_outputs_reports_both_ranks_and_the_one_it_keeps(
     assert "cgp (R = 2)" in printed and "cgp (R = 3)" in printed
     rank = load_multitask(out).model.options.coregional_rank
     assert f"M = {30 if rank == 2 else 20}, R = {rank}: ELBO" in printed
-    assert f"phase cgp (R = {5 - rank})" in run_ok(capsys, "info", out)
+    assert "held-out MSE" in printed
+    described = run_ok(capsys, "info", out)
+    assert f"phase cgp (R = {5 - rank})" in described and "held-out MSE" in described
+    errors = {phase["model"]: phase["held_out"]
+              for phase in json.loads(run_ok(capsys, "info", out, "--json"))["phases"]}
+    assert errors[f"cgp (R = {rank})"] < errors[f"cgp (R = {5 - rank})"]
 
 
 def test_the_default_is_an_lmc_cgp_and_the_exact_gp_where_the_largest_task_has_every_input(

@@ -2,7 +2,6 @@
 ending below it; Pyro's Trace_ELBO agrees with TraceMeanField_ELBO (float64, the paper's toy)."""
 
 import math
-from dataclasses import replace
 
 import pyro
 import pytest
@@ -14,7 +13,6 @@ from pyrogp_models.inference.multitask_fit import (
     default_config,
     estimate_elbo,
     fit_multitask_dgp,
-    rank_candidates,
 )
 from pyrogp_models.inference.trainer import TrainConfig, train
 
@@ -177,27 +175,6 @@ def test_a_deep_fit_that_improves_keeps_the_deep_model():
                             TrainConfig(lr=0.01, steps=300, tol=None, seed=0,
                                         natural_gradient_lr=0.1))
     assert fit.kept == "smdgp" and fit.elbo == fit.phases[1].elbo > fit.phases[0].elbo
-
-
-def test_a_default_cgp_on_more_than_two_tasks_keeps_the_rank_with_the_higher_elbo():
-    """Rank 2 and a latent GP per task (⌈2M/T⌉ fixed inducing inputs each) are both fitted;
-    the fit is the one with the higher ELBO and records both fits' phases."""
-    pairs = toy_tasks(20, seed=0)
-    X, generator = pairs[0][0], torch.Generator().manual_seed(0)
-    third = pairs[0][1] - pairs[1][1] + 0.3 * torch.randn(len(X), generator=generator).numpy()
-    pairs = [*pairs, (X, third)]
-    spec = MultitaskSpec(model="cgp", num_inducing=9)
-    low, full = rank_candidates(spec, 3)
-    assert (low.coregional_rank, low.num_inducing) == (2, 9)
-    assert (full.coregional_rank, full.num_inducing, full.learn_inducing) == (3, 6, False)
-    assert rank_candidates(MultitaskSpec(model="cgp", coregional_rank=2), 3)[0].coregional_rank == 2
-    assert len(rank_candidates(spec, 2)) == len(rank_candidates(replace(spec, model="igp"), 3)) == 1
-    fits = [fit_multitask_dgp(pairs, candidate) for candidate in (low, full)]
-    fit = fit_multitask_dgp(pairs, spec)
-    best = max(fits, key=lambda each: each.elbo)
-    assert fit.elbo == best.elbo and fit.model.options.coregional_rank == best.spec.coregional_rank
-    assert [phase.elbo for phase in fit.phases] == [each.elbo for each in fits]
-    assert [phase.model for phase in fit.phases] == ["cgp (R = 2)", "cgp (R = 3)"]
 
 
 def test_the_default_inducing_inputs_are_the_largest_tasks_rows_up_to_a_cap():

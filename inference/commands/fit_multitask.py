@@ -81,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cgp, cmdgp: latent GPs mixed into every output (default: 2; "
                              "with more than 2 tasks cgp also fits one per task, with 2M/T "
                              "inducing inputs each at fixed k-means centres, and keeps the "
-                             "higher ELBO)")
+                             "rank that predicts stretches of each output hidden from it "
+                             "best, given the other outputs)")
     parser.add_argument("--noise", metavar="correlated|independent", choices=LibraryNames(
                             "pyrogp_models.models.multitask.options:NOISES"),
                         help="cgp: the noise of the outputs observed at one input is correlated "
@@ -167,10 +168,12 @@ def run(args: argparse.Namespace) -> int:
     fit.predictor.info = {**columns.to_info(), "num_data": counts, **fit.summary()}
     path = save_multitask(fit.predictor, args.out)
     print(format_table(["task", "N"], list(zip(columns.tasks, counts, strict=True))))
-    print("\n" + format_table(["phase", "steps", "seconds", "converged", "ELBO"],
-                              [(phase.model, phase.steps, f"{phase.seconds:.1f}",
-                                "yes" if phase.converged else "no", f"{phase.elbo:.6g}")
-                               for phase in fit.phases]))
+    held_out = any(phase.held_out is not None for phase in fit.phases)
+    print("\n" + format_table(
+        ["phase", "steps", "seconds", "converged", "ELBO", *(["held-out MSE"] * held_out)],
+        [(phase.model, phase.steps, f"{phase.seconds:.1f}", "yes" if phase.converged else "no",
+          f"{phase.elbo:.6g}", *([f"{phase.held_out:.4g}"] if held_out else []))
+         for phase in fit.phases]))
     kept = "" if fit.kept == args.model else f" (kept at the {fit.kept} it contains)"
     rank = (f", R = {fit.model.options.coregional_rank}"
             if args.model in ("cgp", "cmdgp") else "")

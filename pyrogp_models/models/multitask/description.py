@@ -92,7 +92,9 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
             lines.append(f"  phase {phase['model']}: {phase['steps']} steps, "
                          f"{phase['seconds']:.1f} s, "
                          f"{'converged' if phase['converged'] else 'not converged'}, "
-                         f"ELBO {phase['elbo']:.6g}")
+                         f"ELBO {phase['elbo']:.6g}"
+                         + (f", held-out MSE {phase['held_out']:.4g}"
+                            if phase.get("held_out") is not None else ""))
     if "targets" in info:
         lines.append(f"table: task column '{info['task_column']}', target '{info['targets'][0]}'"
                      if info.get("task_column") else "table: one target column per task")

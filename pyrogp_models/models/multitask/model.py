@@ -256,6 +256,14 @@ class MultitaskGP(PyroModule):
         return (expected * batch.weights).sum(-1)
 
     # Noise correlated across a site's outputs ---------------------------------------------------
+    def noise_covariance(self) -> torch.Tensor:
+        """Σ = D^½ C D^½ [T, T] of the outputs at one site, C = I with independent noise
+        (Gaussian likelihood)."""
+        scale = self.likelihood.variance.sqrt()
+        if self.site_noise is None:
+            return torch.diag_embed(scale.square())
+        return scale.unsqueeze(-1) * self.site_noise.correlation() * scale
+
     def data_sites(self) -> SiteLayout:
         """The sites of the bound rows (correlated noise only)."""
         self.data_layout()  # raises without bound data

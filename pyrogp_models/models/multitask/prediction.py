@@ -224,10 +224,7 @@ class MultitaskPredictor(Predictor):
         observed = ~torch.isnan(Y)
         with torch.no_grad():
             mean, cov = model.top.joint_marginals(self.standardisation.transform_x(X))
-            scale = model.likelihood.variance.sqrt()
-            correlation = (torch.eye(self.num_tasks, dtype=self.dtype, device=self.device)
-                           if model.site_noise is None else model.site_noise.correlation())
-            noise = scale.unsqueeze(-1) * correlation * scale
+            noise = model.noise_covariance()
             if not rows_in_fit:
                 cov, noise = torch.zeros_like(noise), cov + noise
             values = self.standardisation.transform_task_y(Y.nan_to_num(), tasks)
