@@ -18,7 +18,7 @@ Derived per group on first use:
   meta-GP's bound reads (:func:`pyrogp_models.gaussian.expectations.site_quadratic`): blocks of
   up to :data:`SITE_BLOCK_COLUMNS` module inducing inputs of one M_k-group, each block
   position-major (point j of its module g at j·G + g), so that applying the M_k × M_k site
-  factors of all its modules is M_k² scaled additions of contiguous rows;
+  factors of all its modules is M_k scaled additions of [M, M_k, G] slices;
 - the whitened posterior and L_k⁻¹ (by one triangular solve against I: batched products are
   several times faster than batched triangular solves on CPU), with which
   :meth:`ModuleGroup.latent` predicts every module of the group at once.
