@@ -1159,7 +1159,15 @@ def main(argv=None) -> dict:
     unknown = sorted(set(only) - set(EXPERIMENTS))
     if unknown:
         raise SystemExit(f"unknown experiment(s) {unknown}; choose from {list(EXPERIMENTS)}")
+    real_models = args.real_models.split(",") if args.real_models else None
+    unknown = sorted(set(real_models or ()) - set(settings.real_models))
+    if unknown:
+        raise SystemExit(f"unknown real-data model(s) {unknown}; choose from "
+                         f"{list(settings.real_models)}")
     previous, previous_text = previous_sections(path)
+    if real_models is not None and "real" not in previous:
+        raise SystemExit("no previous real-data results to keep rows from; run them without "
+                         "--real-models")
     missing = [key for key in EXPERIMENTS if key not in only and key not in previous]
     if missing:
         raise SystemExit(f"no previous results of {missing} to keep; run them (--only)")
@@ -1167,7 +1175,6 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     print(f"multitask experiments ({'quick' if args.quick else 'full'}): {only}, "
           f"{args.workers} workers", flush=True)
-    real_models = args.real_models.split(",") if args.real_models else None
     results, seconds = run_all(settings, only, args.workers, real_models)
     payload = {"benchmark": "multitask_experiments", "mode": "quick" if args.quick else "full",
                "machine": machine_info(), "settings": asdict(settings),

@@ -5,8 +5,9 @@ for — an output hidden over a region of the inputs, predicted from its own dat
 from the other outputs observed there. The rows of every task t are cut into B regions (k-means
 clusters of its inputs: stretches of a series); for each region, the task's rows there leave the
 bound data, q(v) moves to its optimum on the rest (one unit natural-gradient step: closed form,
-the hyperparameters stay) and the hidden rows are predicted given the other outputs at their
-sites (:func:`~.noise_correlation.condition_on_site`, whose rows are in the fit):
+from any q; the hyperparameters stay) and the hidden rows are predicted given the other
+outputs at their sites (:func:`~.noise_correlation.condition_on_site`, whose rows are in the
+fit):
 
     error = (1/T) Σ_t mean over t's hidden rows of (y − E[y | rest])²     (model units).
 
@@ -73,7 +74,6 @@ def held_out_task_errors(model: MultitaskGP, data: TaskData,
                     mean, _ = condition_on_site(mean, cov, model.noise_covariance(), others,
                                                 outputs[hidden])
                 task_errors.append((mean[:, task] - data.y[hidden]).square())
-                model.load_state_dict(state)
             errors.append(torch.cat(task_errors).mean())
     finally:
         model.bind(data)

@@ -168,9 +168,9 @@ def run(args: argparse.Namespace) -> int:
     fit.predictor.info = {**columns.to_info(), "num_data": counts, **fit.summary()}
     path = save_multitask(fit.predictor, args.out)
     print(format_table(["task", "N"], list(zip(columns.tasks, counts, strict=True))))
-    held_out = any(phase.held_out is not None for phase in fit.phases)
+    held_out = ["held-out MSE"] if any(phase.held_out is not None for phase in fit.phases) else []
     print("\n" + format_table(
-        ["phase", "steps", "seconds", "converged", "ELBO", *(["held-out MSE"] * held_out)],
+        ["phase", "steps", "seconds", "converged", "ELBO", *held_out],
         [(phase.model, phase.steps, f"{phase.seconds:.1f}", "yes" if phase.converged else "no",
           f"{phase.elbo:.6g}", *([f"{phase.held_out:.4g}"] if held_out else []))
          for phase in fit.phases]))
