@@ -33,6 +33,7 @@ units and takes the task of every point as ``labels``.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
@@ -116,18 +117,20 @@ class Phase:
 class MultitaskFit(Fit):
     """:class:`Fit` (the trained model, its record, the predictor, the standardisation) with the
     spec, the training data in model units, the final ELBO (:func:`estimate_elbo`), the phases
-    of the fit and which state was kept (``spec.model``, or the contained shallow model's kind
-    when the deep fit ended below it and the model holds that embedding)."""
+    of the fit, which state was kept (``spec.model``, or the contained shallow model's kind
+    when the deep fit ended below it and the model holds that embedding) and the wall seconds
+    of the whole fit (training, ELBO estimates, the ranks' held-out errors)."""
 
     spec: MultitaskSpec
     data: TaskData
     elbo: float = math.nan
     phases: list[Phase] = field(default_factory=list)
     kept: str = ""
+    seconds: float = math.nan
 
     @property
-    def seconds(self) -> float:
-        """Wall seconds of all phases."""
+    def training_seconds(self) -> float:
+        """Wall seconds of the phases' training."""
         return sum(phase.seconds for phase in self.phases)
 
     @property
@@ -141,9 +144,11 @@ class MultitaskFit(Fit):
         return all(phase.converged for phase in self.phases)
 
     def summary(self) -> dict:
-        """The final ELBO, kept state, total steps and seconds and every phase (JSON-able)."""
+        """The final ELBO, kept state, total steps, seconds (in all and of training) and every
+        phase (JSON-able)."""
         return {"elbo": self.elbo, "kept": self.kept, "steps": self.steps,
-                "seconds": self.seconds, "converged": self.converged,
+                "seconds": self.seconds, "training_seconds": self.training_seconds,
+                "converged": self.converged,
                 "phases": [asdict(phase) for phase in self.phases]}
 
 
@@ -218,6 +223,7 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     (X [N, D], task [N], y [N]) or a :class:`TaskData`. ``config`` replaces the default training
     of ``spec.model`` (:func:`default_config`); the contained shallow model of a warm start always
     trains by its own default. See the module docstring."""
+    started = time.perf_counter()
     spec = spec or MultitaskSpec()
     config = config or default_config(spec)
     if spec.likelihood not in LIKELIHOODS:
@@ -234,7 +240,8 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     candidates = rank_candidates(spec, model_data.num_tasks)
     if len(candidates) > 1:
         fits = [fit_multitask_dgp(tasks, candidate, config) for candidate in candidates]
-        return _best_rank(fits, candidates, seed)
+        return replace(_best_rank(fits, candidates, seed),
+                       seconds=time.perf_counter() - started)
     model = build_model(spec.model, model_data, options, spec.inducing_init,
                         torch.Generator(device=spec.device).manual_seed(seed))
     if not (model.is_deep and spec.warm_start):
@@ -244,8 +251,9 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     else:
         result, phases, kept = _fit_from_shallow(model, model_data, spec, config, seed)
     predictor = MultitaskPredictor(model, standardisation, spec.predictive_samples, seed)
-    return MultitaskFit(model, result, predictor, standardisation, spec, model_data,
-                        estimate_elbo(model, seed=seed), phases, kept)
+    elbo = estimate_elbo(model, seed=seed)
+    return MultitaskFit(model, result, predictor, standardisation, spec, model_data, elbo, phases,
+                        kept, time.perf_counter() - started)
 
 
 def rank_candidates(spec: MultitaskSpec, num_tasks: int) -> list[MultitaskSpec]:

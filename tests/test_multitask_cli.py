@@ -162,9 +162,15 @@ def test_a_default_cgp_on_three_outputs_reports_both_ranks_and_keeps_the_better_
     assert "held-out MSE" in printed
     described = run_ok(capsys, "info", out)
     assert f"phase cgp (R = {5 - rank})" in described and "held-out MSE" in described
-    errors = {phase["model"]: phase["held_out"]
-              for phase in json.loads(run_ok(capsys, "info", out, "--json"))["phases"]}
+    summary = json.loads(run_ok(capsys, "info", out, "--json"))
+    errors = {phase["model"]: phase["held_out"] for phase in summary["phases"]}
     assert errors[f"cgp (R = {rank})"] < errors[f"cgp (R = {5 - rank})"]
+    # the seconds in all count the ranks' held-out errors and ELBO estimates, not only training
+    training = sum(phase["seconds"] for phase in summary["phases"])
+    assert summary["training_seconds"] == pytest.approx(training)
+    assert summary["seconds"] > training
+    assert (f"{training:.1f} s of training, {summary['seconds']:.1f} s in all" in printed
+            and "s of training" in described)
 
 
 def test_the_default_is_an_lmc_cgp_and_the_exact_gp_where_the_largest_task_has_every_input(
@@ -259,7 +265,7 @@ def test_wide_form_classification_beats_the_majority_class(capsys, folder):
     printed = run_ok(capsys, "--threads", "1", "fit-multitask", train_csv, "--target", "a,b",
                      "--model", "igp", "--likelihood", "bernoulli", *FIT, "--out", out)
     assert re.search(rf"^a\s+{int(np.isfinite(train['a']).sum())}$", printed, re.M)
-    assert "ELBO" in printed and " s; written to " in printed
+    assert "ELBO" in printed and " s in all; written to " in printed
 
     run_ok(capsys, "predict", out, "--data", held_out_csv, "--out", folder / "prob.npz")
     with np.load(folder / "prob.npz") as saved:

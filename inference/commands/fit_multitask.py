@@ -179,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
             if args.model in ("cgp", "cmdgp") else "")
     print(f"\n{args.model}, {len(columns.tasks)} tasks, M = {fit.spec.num_inducing}{rank}: ELBO "
           f"{fit.elbo:.6g}{kept}, {fit.steps} steps, "
-          f"{'converged' if fit.converged else 'not converged'}, {fit.seconds:.1f} s; "
+          f"{'converged' if fit.converged else 'not converged'}, {fit.training_seconds:.1f} s of "
+          f"training, {fit.seconds:.1f} s in all; "
           f"written to {path}")
     return 0
 

@@ -15,7 +15,7 @@ from pyrogp_models.models.multitask.prediction import MultitaskPredictor
 from pyrogp_models.text import format_number, format_table
 
 #: The fit record's keys that a summary repeats.
-FIT_KEYS = ("elbo", "kept", "steps", "seconds", "converged", "phases")
+FIT_KEYS = ("elbo", "kept", "steps", "seconds", "training_seconds", "converged", "phases")
 
 
 def multitask_summary(predictor: MultitaskPredictor) -> dict:
@@ -85,7 +85,9 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
         status = "converged" if info.get("converged") else "not converged"
         kept = info.get("kept")
         kept_text = f", kept at the {kept} it contains" if kept and kept != model.kind else ""
-        seconds = f", {info['seconds']:.1f} s" if "seconds" in info else ""
+        seconds = (f", {info['training_seconds']:.1f} s of training, {info['seconds']:.1f} s "
+                   "in all" if "training_seconds" in info  # files before it: training only
+                   else f", {info['seconds']:.1f} s" if "seconds" in info else "")
         lines.append(f"fit: final ELBO {info['elbo']:.6g}{kept_text}, {info.get('steps')} "
                      f"steps{seconds}, {status}")
         for phase in info.get("phases", []):
