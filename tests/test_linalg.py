@@ -1,7 +1,7 @@
 """The jitter ladder of ``gaussian/linalg.py``: relative jitter, a rung per failed batch member
 only, a clear error past the last rung, NaN instead of a host check when deferred (float64) or
-the same rungs climbed on the device (float32, or float64 when asked); and the inverse Cholesky
-factor against a dense numpy inverse."""
+the same rungs climbed on the device (float32, or float64 when asked); the inverse Cholesky
+factor against a dense numpy inverse; the Gram's one-product backward against autograd's."""
 
 import numpy as np
 import pytest
@@ -13,6 +13,7 @@ from pyrogp_models.gaussian.linalg import (
     JITTER_LADDER,
     cholesky,
     deferred_checks,
+    gram,
     inverse_cholesky,
     logdet_from_cholesky,
 )
@@ -119,3 +120,13 @@ def test_inverse_cholesky_is_a_lower_factor_of_the_inverse():
                                -np.linalg.slogdet(A.numpy())[1], rtol=1e-12)
     with pytest.raises(CholeskyError, match="precision matrix"):
         inverse_cholesky(with_smallest_eigenvalue(-0.05))
+
+
+def test_the_gram_and_its_one_product_backward_match_autograd_of_the_two_operand_product():
+    generator = torch.Generator().manual_seed(3)
+    matrix = torch.randn(2, 7, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    weights = torch.randn(2, 4, 4, dtype=torch.float64, generator=generator)  # not symmetric
+    assert torch.autograd.gradcheck(gram, (matrix,))
+    (expected,) = torch.autograd.grad(((matrix.mT @ matrix) * weights).sum(), matrix)
+    (actual,) = torch.autograd.grad((gram(matrix) * weights).sum(), matrix)
+    torch.testing.assert_close(actual, expected, rtol=1e-13, atol=1e-13)

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from pyrogp_models.gaussian.linalg import cholesky, triangular_solve
+from pyrogp_models.gaussian.linalg import cholesky, gram, triangular_solve
 
 
 def collapsed_bound(features: torch.Tensor, residuals: torch.Tensor, weights: torch.Tensor,
@@ -30,7 +30,7 @@ def collapsed_bound(features: torch.Tensor, residuals: torch.Tensor, weights: to
     weighted = features * (weights.sqrt() * noise.rsqrt()).unsqueeze(-1)  # √0 of a padded row
     # is a constant: its infinite derivative never meets the noise's gradient
     eye = torch.eye(features.shape[-1], dtype=features.dtype, device=features.device)
-    B_chol = cholesky(eye + weighted.mT @ weighted, 0.0, what="collapsed-bound matrix I + ΦᵀβΦ")
+    B_chol = cholesky(eye + gram(weighted), 0.0, what="collapsed-bound matrix I + ΦᵀβΦ")
     projected = features.mT @ (precision * residuals).unsqueeze(-1)
     mean = triangular_solve(B_chol, triangular_solve(B_chol, projected), transpose=True)
     errors = residuals - (features @ mean).squeeze(-1)

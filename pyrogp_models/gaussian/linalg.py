@@ -152,3 +152,23 @@ def cholesky_solve(lower: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
 def logdet_from_cholesky(lower: torch.Tensor) -> torch.Tensor:
     """log|A| = 2 Σ log diag(L)."""
     return 2.0 * lower.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+
+
+class _Gram(torch.autograd.Function):
+    """WᵀW with the backward W̄ = W(Ḡ + Ḡᵀ): one product, where autograd's two for the two
+    operands of W.mT @ W."""
+
+    @staticmethod
+    def forward(ctx, matrix: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(matrix)
+        return matrix.mT @ matrix
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (matrix,) = ctx.saved_tensors
+        return matrix @ (grad + grad.mT)
+
+
+def gram(matrix: torch.Tensor) -> torch.Tensor:
+    """WᵀW [..., K, K] of W [..., N, K], differentiable in W at the cost of one product."""
+    return _Gram.apply(matrix)
