@@ -72,7 +72,6 @@ def test_npz_round_trip(tmp_path):
     [
         ("empty.csv", "", "empty file"),
         ("header.csv", "a,b\n", "no data rows"),
-        ("words.csv", "a,b\n1,2\n3,oops\n", "non-numeric value 'oops' in column 'b' at row 2"),
         ("ragged.csv", "a,b\n1,2\n3,4,5\n", "row 2 .*has 3 values but the header has 2"),
         ("twice.csv", "a,a\n1,2\n", "duplicate column names: a"),
         ("data.txt", "a\n1\n", "unknown data file extension '.txt'"),
@@ -84,6 +83,25 @@ def test_bad_csv_files(tmp_path, name, text, pattern):
         load_table(path)
     message = str(caught.value)
     assert str(path) in message and "\n" not in message
+
+
+def test_a_text_column_is_kept_and_refused_only_where_it_is_used_as_numbers(tmp_path):
+    path = write(tmp_path / "words.csv", "a,b,when\n1,2,2020-01\n3,NA,2020-02\n,4,x\n")
+    table = load_table(path)
+    np.testing.assert_array_equal(table.column("a"), [1.0, 3.0, np.nan])
+    np.testing.assert_array_equal(table.column("b"), [2.0, np.nan, 4.0])  # NA is missing
+    assert table.labels("when") == ["2020-01", "2020-02", "x"] and table.labels("a") is None
+    for use in (lambda: table.column("when"), lambda: table.select(["a", "when"])):
+        with pytest.raises(DataError, match="non-numeric value '2020-01' in column 'when' "
+                                            r"at row 1 \(line 2\)") as caught:
+            use()
+        assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("cell", ["", "NA", "na", " N/A ", "#N/A", "NULL", "None", "<NA>", "nan"])
+def test_every_usual_spelling_of_a_missing_cell_is_nan(tmp_path, cell):
+    table = load_table(write(tmp_path / "gaps.csv", f"a,b\n1,2\n3,{cell}\n"))
+    np.testing.assert_array_equal(table.column("b"), [2.0, np.nan])
 
 
 def test_missing_file(tmp_path):

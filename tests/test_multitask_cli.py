@@ -488,3 +488,36 @@ def test_module_and_multitask_files_are_told_apart(fitted, tmp_path, capsys, fol
     with pytest.raises(ModuleFileError, match="a module file, not a multitask model file"):
         load_multitask(module_file)
     assert file_format(module_file) == "pyrogp-module" and file_format(csv) is None
+
+
+def test_tasks_named_by_text_and_a_date_column_left_out_by_features(capsys, tmp_path):
+    """A long-form table whose task column names its tasks ('ozone, 'temp') and that carries a
+    text column no command uses: fit, info, predict (names written back) and evaluate by name;
+    an NA target is a missing cell, not an error."""
+    rng = np.random.default_rng(5)
+    x = np.sort(rng.uniform(0, 1, 60))
+    names = np.where(np.arange(60) % 2 == 0, "ozone", "temp")
+    y = np.where(names == "ozone", np.sin(6 * x), np.cos(6 * x)) + 0.05 * rng.normal(size=60)
+    lines = ["when,x,task,y"] + [f"2020-{i % 12 + 1:02d},{x[i]:.17g},{names[i]},{y[i]:.17g}"
+                                 for i in range(60)]
+    (tmp_path / "named.csv").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "named.safetensors"
+    run_ok(capsys, "--threads", "1", "fit-multitask", tmp_path / "named.csv", "--task-column",
+           "task", "--target", "y", "--features", "x", "--model", "igp", "--inducing", "6",
+           "--out", out)
+    assert load_multitask(out).info["tasks"] == ["ozone", "temp"]
+    assert re.search(r"^ozone\s+30\s", run_ok(capsys, "info", out), re.M)
+    run_ok(capsys, "predict", out, "--data", tmp_path / "named.csv", "--out",
+           tmp_path / "pred.csv")
+    predictions = load_table(tmp_path / "pred.csv")
+    assert predictions.columns == ["x", "task", "mean", "var"]
+    assert predictions.labels("task") == names.tolist()
+    report = json.loads(run_ok(capsys, "evaluate", out, "--data", tmp_path / "named.csv",
+                               "--json"))
+    assert set(report["tasks"]) == {"ozone", "temp"}
+    assert all(report["tasks"][name]["rmse"] < 0.5 * np.std(y[names == name])
+               for name in ("ozone", "temp"))
+    unknown = tmp_path / "unknown.csv"
+    unknown.write_text("\n".join(lines[:3] + ["2021-01,0.5,wind,NA"]) + "\n")
+    error = run_failing(capsys, "predict", out, "--data", unknown, "--out", tmp_path / "p2.csv")
+    assert "task column 'task' holds wind, which is not among the tasks ozone, temp" in error

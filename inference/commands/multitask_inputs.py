@@ -3,9 +3,9 @@
 Two table layouts (Boustati et al. Sec. 2.2: tasks need not share inputs):
 
 - long form: a task column and one target column, one row per observation (x_n, t_n, y_n); the
-  tasks are the task column's distinct values, named by them (``3``, ``0.5``);
-- wide form: one target column per task, named by it; a NaN cell (``nan`` in a CSV) is an
-  output not observed, so a row may carry any subset of the tasks' labels.
+  tasks are the task column's distinct values, named by them (``ozone``, ``3``, ``0.5``);
+- wide form: one target column per task, named by it; a missing cell (empty, ``NA``, ``nan``
+  in a CSV) is an output not observed, so a row may carry any subset of the tasks' labels.
 
 Features are numeric columns that must be finite; :class:`TaskColumns` records the layout in a
 fitted file's ``info`` so that ``predict`` and ``evaluate`` read new tables the same way.
@@ -20,6 +20,7 @@ import numpy as np
 
 from pyrogp_models import io
 from pyrogp_models.data import Table, require_finite
+from pyrogp_models.data.tables import MISSING_CELLS
 from pyrogp_models.errors import DataError
 from pyrogp_models.models.multitask import MultitaskPredictor
 from pyrogp_models.models.multitask.files import MULTITASK_FILE
@@ -60,8 +61,10 @@ class TaskColumns:
         layout = [*targets, *([task_column] if task_column else [])]
         if len(set(layout)) != len(layout):
             raise DataError(f"--target and --task-column name a column twice: {' '.join(layout)}")
-        for name in layout:
+        for name in targets:
             table.column(name)
+        if task_column is not None:
+            table.labels(task_column)  # present: numbers or names
         if features is None:
             features = [name for name in table.columns if name not in layout]
         elif set(features) & set(layout):
@@ -71,9 +74,9 @@ class TaskColumns:
             raise DataError("no feature columns left besides the target and task columns")
         if task_column is None:
             return cls(features, targets, None, targets)
-        column = table.column(task_column)
-        require_finite(column, f"task column '{task_column}'")
-        return cls(features, targets, task_column, [task_name(v) for v in np.unique(column)])
+        names = set(task_labels(table, task_column).tolist())  # numbers in ascending order
+        numeric = table.labels(task_column) is None
+        return cls(features, targets, task_column, sorted(names, key=float if numeric else None))
 
     @classmethod
     def from_info(cls, info: dict, source: object) -> TaskColumns:
@@ -101,16 +104,14 @@ class TaskColumns:
     def row_tasks(self, table: Table) -> np.ndarray:
         """Long form: the task index of every row [N]; a value that is not a task is an
         error."""
-        column = table.column(self.task_column)
-        require_finite(column, f"task column '{self.task_column}'")
-        values, inverse = np.unique(column, return_inverse=True)
+        values, inverse = np.unique(task_labels(table, self.task_column), return_inverse=True)
         index = {name: t for t, name in enumerate(self.tasks)}
-        unknown = [task_name(v) for v in values if task_name(v) not in index]
+        unknown = [name for name in values.tolist() if name not in index]
         if unknown:
             raise DataError(f"task column '{self.task_column}' holds {', '.join(unknown[:5])}, "
                             f"which {'is' if len(unknown) == 1 else 'are'} not among the "
                             f"tasks {', '.join(self.tasks)}")
-        return np.asarray([index[task_name(v)] for v in values], dtype=np.int64)[inverse]
+        return np.asarray([index[name] for name in values.tolist()], dtype=np.int64)[inverse]
 
     def observed_outputs(self, table: Table) -> np.ndarray:
         """Wide form: every task's column [N, T] where the table has it, NaN where a cell or the
@@ -159,6 +160,20 @@ def conditions_on_rows(args: argparse.Namespace, predictor: MultitaskPredictor |
 def task_name(value: float) -> str:
     """The name of a task-column value: ``3`` for a whole number, else the shortest repr."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def task_labels(table: Table, column: str) -> np.ndarray:
+    """The task name of every row [N] (str): a text column's cells as written, a numeric
+    column's values by :func:`task_name`; an empty or missing cell is an error."""
+    labels = table.labels(column)
+    if labels is None:
+        values = table.column(column)
+        require_finite(values, f"task column '{column}'")
+        return np.asarray([task_name(value) for value in values])
+    missing = [row for row, label in enumerate(labels, start=1) if label.lower() in MISSING_CELLS]
+    if missing:
+        raise DataError(f"task column '{column}' has no task name at row {missing[0]}")
+    return np.asarray(labels)
 
 
 def is_multitask(path) -> bool:

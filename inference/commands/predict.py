@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -100,7 +101,9 @@ def _multitask_predictions(args: argparse.Namespace
     columns = {name: X[:, j] for j, name in enumerate(layout.features)}
     given_outputs = conditions_on_rows(args, predictor, layout)
     if layout.is_long:
-        columns[layout.task_column] = table.column(layout.task_column)
+        names = table.labels(layout.task_column)  # a text column's task names, as written
+        columns[layout.task_column] = (table.column(layout.task_column) if names is None
+                                       else np.asarray(names))
         with torch.no_grad():
             mean, var = (value.double().numpy()
                          for value in predictor.predict_y(X, layout.row_tasks(table)))
@@ -135,7 +138,15 @@ def _encode(columns: dict[str, np.ndarray], suffix: str) -> bytes:
     buffer = io.BytesIO()
     if suffix == ".npz":
         np.savez(buffer, **columns)
-    else:
+    elif all(values.dtype.kind in "biuf" for values in columns.values()):
         np.savetxt(buffer, np.column_stack(list(columns.values())), fmt="%.17g", delimiter=",",
                    header=",".join(columns), comments="")
+    else:  # a text column (long-form task names): quoted where a name needs it
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(zip(*([f"{value:.17g}" for value in values.tolist()]
+                               if values.dtype.kind in "biuf" else values.tolist()
+                               for values in columns.values()), strict=True))
+        buffer.write(text.getvalue().encode())
     return buffer.getvalue()

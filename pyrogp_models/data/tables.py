@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import csv
+import math
 import zipfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
 import torch
@@ -18,12 +18,30 @@ from pyrogp_models.errors import DataError
 ArrayLike = np.ndarray | torch.Tensor
 
 
+#: Cells read as a missing value (NaN) in a numeric CSV column, compared without case and
+#: surrounding spaces: what pandas, R and spreadsheets write for one.
+MISSING_CELLS = frozenset({"", "na", "n/a", "#n/a", "nan", "null", "none", "<na>"})
+
+
+@dataclass(frozen=True)
+class TextColumn:
+    """A CSV column that is not all numbers: its cells, and the one-line error that using it as
+    numbers raises (naming its first non-numeric cell)."""
+
+    cells: list[str]
+    problem: str
+
+
 @dataclass(frozen=True, eq=False)
 class Table:
-    """Named float64 columns: ``values[:, j]`` holds column ``columns[j]``."""
+    """Named float64 columns: ``values[:, j]`` holds column ``columns[j]``. A CSV column that is
+    not all numbers is NaN there and kept in ``text``: asking for it as numbers raises its
+    error, so a table may carry dates or names in columns no command uses, and a long-form
+    multitask table may name its tasks (:meth:`labels`)."""
 
     columns: list[str]
     values: np.ndarray
+    text: dict[str, TextColumn] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.values.ndim != 2 or self.values.shape[1] != len(self.columns):
@@ -47,19 +65,28 @@ class Table:
         """The columns ``names`` in that order, as a float64 array of shape [N, len(names)]."""
         return self.values[:, [self._index(name) for name in names]]
 
-    def _index(self, name: str) -> int:
+    def labels(self, name: str) -> list[str] | None:
+        """The cells of column ``name`` as written (stripped) if it is a text column, else None
+        (read it with :meth:`column`)."""
+        self._index(name, numeric=False)
+        return [cell.strip() for cell in self.text[name].cells] if name in self.text else None
+
+    def _index(self, name: str, numeric: bool = True) -> int:
         if name not in self.columns:
             raise DataError(f"unknown column '{name}'; available: {', '.join(self.columns)}")
+        if numeric and name in self.text:
+            raise DataError(self.text[name].problem)
         return self.columns.index(name)
 
 
 def load_table(path: str | Path) -> Table:
     """Read a CSV file with a header row, or an ``.npz`` file of arrays, into a ``Table``.
 
-    NaN and inf are kept, and an empty CSV cell (how pandas and spreadsheets write a missing
-    value) is read as NaN: callers check the columns they use with ``require_finite``; a
-    wide-form multitask table reads NaN as an output not observed on that row.
-    """
+    NaN and inf are kept, and a CSV cell of :data:`MISSING_CELLS` (empty, ``NA``, ``NULL``, …:
+    how pandas, R and spreadsheets write a missing value) is read as NaN: callers check the
+    columns they use with ``require_finite``; a wide-form multitask table reads NaN as an output
+    not observed on that row. A column that is not all numbers is kept as text
+    (:class:`Table`)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file not found: {path}")
@@ -86,30 +113,42 @@ def _load_csv(path: Path) -> Table:
                 f"{path}: row {row_number} (line {line_number}) has {len(row)} values "
                 f"but the header has {len(columns)} columns"
             )
-    body = [(number, [cell if cell.strip() else "nan" for cell in row]) for number, row in body]
-    try:
-        values = np.array([row for _, row in body], dtype=np.float64)
+    try:  # every cell a number: one conversion
+        values, text = np.array([row for _, row in body], dtype=np.float64), {}
     except ValueError:
-        _raise_first_non_numeric(path, columns, body)
+        values, text = _read_columns(path, columns, body)
     try:
-        return Table(columns, values)
+        return Table(columns, values, text)
     except DataError as error:
         raise DataError(f"{path}: {error}") from None
 
 
-def _raise_first_non_numeric(
-    path: Path, columns: list[str], body: list[tuple[int, list[str]]]
-) -> NoReturn:
+def _read_columns(path: Path, columns: list[str], body: list[tuple[int, list[str]]]
+                  ) -> tuple[np.ndarray, dict[str, TextColumn]]:
+    """Column by column: numbers, with :data:`MISSING_CELLS` as NaN, or a :class:`TextColumn`."""
+    values, text = np.empty((len(body), len(columns))), {}
+    for j, name in enumerate(columns):
+        cells = [row[j] for _, row in body]
+        try:
+            values[:, j] = [math.nan if cell.strip().lower() in MISSING_CELLS else float(cell)
+                            for cell in cells]
+        except ValueError:
+            values[:, j] = math.nan
+            text[name] = TextColumn(cells, _first_non_numeric(path, name, body, j))
+    return values, text
+
+
+def _first_non_numeric(path: Path, name: str, body: list[tuple[int, list[str]]], j: int) -> str:
     for row_number, (line_number, row) in enumerate(body, start=1):
-        for name, cell in zip(columns, row, strict=True):
-            try:
-                float(cell)
-            except ValueError:
-                raise DataError(
-                    f"{path}: non-numeric value {cell!r} in column '{name}' "
-                    f"at row {row_number} (line {line_number})"
-                ) from None
-    raise DataError(f"{path}: could not read the values as numbers")
+        cell = row[j]
+        if cell.strip().lower() in MISSING_CELLS:
+            continue
+        try:
+            float(cell)
+        except ValueError:
+            return (f"{path}: non-numeric value {cell!r} in column '{name}' "
+                    f"at row {row_number} (line {line_number})")
+    raise AssertionError("a column that failed to convert has a non-numeric cell")
 
 
 def _load_npz(path: Path) -> Table:
