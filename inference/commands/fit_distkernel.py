@@ -25,6 +25,7 @@ from pyrogp_models.inference.commands.arguments import (
 from pyrogp_models.inference.train_config import (
     DEFAULT_REGION_ROWS,
     DISTRIBUTED_KERNEL_COLLAPSED_CONFIG,
+    DISTRIBUTED_KERNEL_RESTARTS,
     DISTRIBUTED_KERNEL_SVI_CONFIG,
     MAX_DEFAULT_INDUCING,
     MIN_DEFAULT_INDUCING_PER_REGION,
@@ -69,6 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default: {DISTRIBUTED_KERNEL_COLLAPSED_CONFIG.steps} L-BFGS steps "
                              "on the collapsed bound for gaussian meanfield, "
                              f"{DISTRIBUTED_KERNEL_SVI_CONFIG.steps} Adam steps otherwise)")
+    parser.add_argument("--restarts", type=int, metavar="R",
+                        help="fit from R initial lengthscales (the rule's, then shorter down to "
+                             "a quarter of it) and keep the best ELBO (default: "
+                             f"{DISTRIBUTED_KERNEL_RESTARTS} on the collapsed bound of a "
+                             "gaussian meanfield fit, 1 otherwise)")
     parser.add_argument("--lr", type=float, metavar="LR",
                         help="Adam learning rate where the fit runs Adam (default: "
                              f"{DISTRIBUTED_KERNEL_SVI_CONFIG.lr:g})")
@@ -112,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         args.regions, args.inducing_per_region, dim=args.dim, variational=args.variational,
         likelihood=args.likelihood,
         likelihood_options={} if args.link is None else {"link": args.link}, ard=args.ard,
-        columns=data_columns(features, args.target, args.units),
+        restarts=args.restarts, columns=data_columns(features, args.target, args.units),
         dtype=torch.float32 if args.float32 else torch.float64)
     config = default_config(spec.method)
     config = replace(config, steps=args.steps or config.steps, lr=args.lr or config.lr,
@@ -121,9 +127,14 @@ def run(args: argparse.Namespace) -> int:
         fit = fit_distributed_kernel((X, y), spec, config)
     path = save_distributed_kernel(fit.predictor, args.out)
     print(fit.predictor.describe())
+    if len(fit.starts) > 1:
+        print("starts: " + ", ".join(
+            f"lengthscale × {factor:.3g} ELBO {elbo:.6g}{' (kept)' if i == fit.kept_start else ''}"
+            for i, (factor, elbo, _) in enumerate(fit.starts)))
     status = "converged" if fit.result.converged else "not converged"
-    print(f"\n{fit.result.steps} steps ({spec.method}), {status}, in {fit.result.seconds:.1f} s; "
-          f"written to {path}")
+    seconds = sum(start[2] for start in fit.starts)
+    print(f"\n{fit.result.steps} steps ({spec.method}), {status}, in {seconds:.1f} s"
+          f"{f' ({len(fit.starts)} starts)' if len(fit.starts) > 1 else ''}; written to {path}")
     return 0
 
 
