@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +113,10 @@ def combination(settings, modules: dict) -> tuple[list[dict], str]:
     names = list(modules)
     N, rows, records = settings["test"], [], []
     for J in settings["experts"]:
-        experts = ModuleExperts({name: modules[name] for name in names[:J]})
+        members = {name: modules[name] for name in names[:J]}  # the first taken as grBCM's
+        members[names[0]] = replace(members[names[0]],  # communication expert (timing only)
+                                    info={**members[names[0]].info, "role": "communication"})
+        experts = ModuleExperts(members)
         prior = experts.prior_var(torch.empty(N, 1))
         mean, var = synthetic_moments(J, N, float(prior[0]))
         total = 0.0
@@ -137,7 +141,10 @@ def moments(settings, modules: dict) -> tuple[list[dict], str]:
     X, _ = make_data(settings["moment_points"], seed=1)
     rows, records = [], []
     for J in settings["experts"]:
-        experts = ModuleExperts({name: modules[name] for name in names[:J]})
+        members = {name: modules[name] for name in names[:J]}  # the first taken as grBCM's
+        members[names[0]] = replace(members[names[0]],  # communication expert (timing only)
+                                    info={**members[names[0]].info, "role": "communication"})
+        experts = ModuleExperts(members)
         seconds = median_time(lambda e=experts: e.predict_f(X), repeats=settings["repeats"])
         per_pair = seconds / (J * len(X))
         records.append({"experts": J, "points": len(X), "seconds": seconds,

@@ -134,6 +134,19 @@ def test_without_inducing_each_partition_takes_half_its_rows(capsys, folder, reg
     assert [m.num_inducing for m in load_modules(out).values()] == [(n + 1) // 2 for n in sizes]
 
 
+def test_without_partitions_there_is_one_partition_per_default_rows(capsys, monkeypatch, folder,
+                                                                    regression_csv):
+    """``--partitions`` is optional: ⌈N / DEFAULT_PARTITION_ROWS⌉ k-means partitions (the
+    constant set to 25 here: 60 rows make 3)."""
+    import pyrogp_models.inference.commands.fit_local as command
+
+    monkeypatch.setattr(command, "DEFAULT_PARTITION_ROWS", 25)
+    out = folder / "default_partitions"
+    run_ok(capsys, "fit-local", regression_csv, "--target", "y", "--features", "x1,x2",
+           *FAST, "--out", out)
+    assert len(load_modules(out)) == 3
+
+
 def test_binary_classifier_outputs_probabilities(capsys, folder, label_csv):
     out = folder / "classifier"
     run_ok(capsys, "fit-local", label_csv, "--target", "label", "--partitions", "2",

@@ -91,8 +91,6 @@ CASES = {
     "fit-local label column and --partitions disagree": (
         [*without(FIT_LOCAL, "--partitions"), "--partitions", "5", "--partition-by", "group"],
         "column 'group' has 3 distinct values but --partitions is 5"),
-    "fit-local without --partitions": (
-        without(FIT_LOCAL, "--partitions"), "--partition-by kmeans needs --partitions K"),
     "fit-local --link with gaussian": (
         [*FIT_LOCAL, "--link", "probit"],
         "--link applies to bernoulli and categorical likelihoods, not gaussian"),

@@ -60,6 +60,16 @@ def test_points_per_expert(folder, data):
     assert len(load_modules(out)) == 3  # ceil(200 / 70)
 
 
+def test_without_a_count_there_are_about_default_points_per_expert(monkeypatch, folder, data):
+    import pyrogp_models.inference.commands.fit_experts as command
+
+    monkeypatch.setattr(command, "DEFAULT_EXPERT_POINTS", 70)
+    out = folder / "default_count"
+    assert main(["fit-experts", str(data[0]), "--target", "y", "--partition-by", "random",
+                 "--steps", "0", "--out", str(out)]) == 0
+    assert len(load_modules(out)) == 3  # ceil(200 / 70)
+
+
 def test_combine_matches_predict_and_evaluate(folder, data, experts, capsys):
     combined, predicted = folder / "combined.csv", folder / "predicted.csv"
     rule = ["--rule", "gpoe", "--weights", "softmax-var", "--temperature", "10"]
@@ -183,3 +193,14 @@ def test_no_start_is_one_line_and_writes_nothing(folder, data, capsys):
     err = capsys.readouterr().err
     assert err == "pyrogp: error: restarts must be at least 1, got 0\n"
     assert not out.exists()
+
+
+def test_grbcm_refuses_a_folder_without_a_communication_expert(folder, data, experts, capsys):
+    """Experts of an ordinary partition are not augmented by a communication set: grBCM on
+    them would be another model, so it is refused in one line (the folder of ``experts``)."""
+    capsys.readouterr()
+    assert main(["combine", str(experts), "--rule", "grbcm", "--data", str(data[1]),
+                 "--out", str(folder / "refused.csv")]) != 0
+    error = capsys.readouterr().err.strip()
+    assert "grbcm needs a communication expert" in error and "\n" not in error
+    assert not (folder / "refused.csv").exists()

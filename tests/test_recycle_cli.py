@@ -83,6 +83,10 @@ def test_fit_recycle_evaluate_and_recycle_again(capsys, folder, data_csv, test_c
     assert meta.columns == Columns(["x"], "y")
     assert meta.info["modules"] == ["part000", "part001", "part002"]
     assert meta.info["recycle"]["collapsed"] is True
+    # both numbers a user meets: the bound the fit maximised and the ELBO info shows
+    assert (f"ensemble bound {meta.info['ensemble_bound']:.6g} (ELBO {meta.elbo:.6g} with the "
+            "modules' own" in out)
+    assert meta.elbo == pytest.approx(meta.info["ensemble_bound"] + meta.info["module_elbo_sum"])
 
     report = json.loads(run_ok(capsys, "evaluate", folder / "meta.safetensors", "--data",
                                data_csv, "--json"))

@@ -14,7 +14,7 @@ from pyrogp_models.inference.commands.arguments import (
     add_seed,
     add_units,
 )
-from pyrogp_models.inference.train_config import EXPERTS_CONFIG
+from pyrogp_models.inference.train_config import DEFAULT_EXPERT_POINTS, EXPERTS_CONFIG
 
 NAME = "fit-experts"
 HELP = ("fit exact GP experts with shared hyperparameters on partitions of the data and save "
@@ -28,10 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="the column to predict")
     add_features(parser)
     add_units(parser)
-    count = parser.add_mutually_exclusive_group(required=True)
+    count = parser.add_mutually_exclusive_group()
     count.add_argument("--experts", type=int, metavar="J", help="number of experts")
     count.add_argument("--points-per-expert", type=int, metavar="P",
-                       help="about P points per expert: J = ceil(N / P) experts")
+                       help="about P points per expert: J = ceil(N / P) experts (default: "
+                            f"{DEFAULT_EXPERT_POINTS})")
     parser.add_argument("--partition-by", default="kmeans", choices=PARTITION_KINDS,
                         help="how to split the data (default: kmeans)")
     add_kernel(parser)
@@ -91,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
     rows = [(name, module.num_data, module.elbo) for name, module in fit.modules.items()]
     print(format_table(["expert", "N", "log marginal"], rows))
     status = "converged" if fit.result.converged else "step limit reached"
-    print(f"\n{len(fit.modules)} exact experts ({describe_rule(partition.rule)}) written to "
+    count = len(fit.modules)
+    print(f"\n{count} exact expert{'s' if count > 1 else ''} ({describe_rule(partition.rule)}) "
+          "written to "
           f"{args.out}; {fit.result.steps} steps, {status}")
     return 0
 
@@ -105,6 +108,7 @@ def _num_experts(args: argparse.Namespace, num_points: int) -> int:
         if args.experts < 1:
             raise DataError(f"--experts must be at least 1, got {args.experts}")
         return args.experts
-    if args.points_per_expert < 1:
-        raise DataError(f"--points-per-expert must be at least 1, got {args.points_per_expert}")
-    return max(1, math.ceil(num_points / args.points_per_expert))
+    points = DEFAULT_EXPERT_POINTS if args.points_per_expert is None else args.points_per_expert
+    if points < 1:
+        raise DataError(f"--points-per-expert must be at least 1, got {points}")
+    return max(1, math.ceil(num_points / points))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from pyrogp_models.inference.commands.arguments import (
@@ -17,6 +18,7 @@ from pyrogp_models.inference.commands.arguments import (
 )
 from pyrogp_models.inference.train_config import (
     COLLAPSED_CONFIG,
+    DEFAULT_PARTITION_ROWS,
     MAX_DEFAULT_INDUCING,
     MINIBATCH_NATURAL_GRADIENT,
     UNCOLLAPSED_CONFIG,
@@ -34,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_features(parser, "the target and the partition column")
     add_units(parser)
     parser.add_argument("--partitions", type=int, metavar="K",
-                        help="number of partitions (not needed with --partition-by COLUMN)")
+                        help="number of partitions (default: one per "
+                             f"{DEFAULT_PARTITION_ROWS} rows; with --partition-by COLUMN its "
+                             "distinct values)")
     parser.add_argument("--partition-by", default="kmeans",
                         metavar="random|kmeans|contiguous|COLUMN",
                         help="how to split the data; a column name gives one partition per "
@@ -148,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
                                      "ELBO": lambda m: m.elbo}, args.verbose))
     status = "converged" if fit.result.converged else "not converged"
     bound = "collapsed" if collapsed_bound(spec) else "uncollapsed"
-    print(f"\n{len(fit.modules)} modules ({describe_rule(partition.rule)}, {bound} bound) "
+    count = len(fit.modules)
+    print(f"\n{count} module{'s' if count > 1 else ''} ({describe_rule(partition.rule)}, "
+          f"{bound} bound) "
           f"written to {args.out}; {fit.result.steps} steps, {status}, {seconds:.1f} s")
     return 0
 
@@ -193,10 +199,10 @@ def _make_partition(args: argparse.Namespace, table, X, partition_column: str | 
             raise DataError(f"column '{partition_column}' has {partition.num_partitions} "
                             f"distinct values but --partitions is {args.partitions}")
         return partition
-    if args.partitions is None:
-        raise DataError(f"--partition-by {args.partition_by} needs --partitions K")
+    count = (math.ceil(len(X) / DEFAULT_PARTITION_ROWS) if args.partitions is None
+             else args.partitions)
     if args.partition_by == "random":
-        return partition_random(len(X), args.partitions, args.seed)
+        return partition_random(len(X), count, args.seed)
     if args.partition_by == "contiguous":
-        return partition_contiguous(X, args.partitions, args.dim)
-    return partition_kmeans(X, args.partitions, args.seed)
+        return partition_contiguous(X, count, args.dim)
+    return partition_kmeans(X, count, args.seed)

@@ -142,8 +142,9 @@ def run(args: argparse.Namespace) -> int:
     if clipped:
         print(f"site repair clipped {_count(sum(clipped.values()), 'direction')} in "
               f"{_count(len(clipped), 'module')}: {', '.join(clipped)}")
-    print(f"bound {module.info['ensemble_bound']:.6g}, "
-          f"λ_min(Λ_w) = {meta.min_precision_eigenvalue():.4g}; {result.steps} steps, {status}")
+    print(f"ensemble bound {module.info['ensemble_bound']:.6g} (ELBO {module.elbo:.6g} with the "
+          f"modules' own, as info shows it), λ_min(Λ_w) = {meta.min_precision_eigenvalue():.4g}; "
+          f"{result.steps} steps, {status}")
     print(f"written to {out}")
     return 0
 

@@ -14,8 +14,9 @@ Choices, all documented on the class:
 * prior: zero mean in model units and σ*² = the mean over experts of k_j(x*, x*) (with a shared
   kernel, as for exact experts trained by eq. 2, this is that kernel's k(x*, x*));
 * noise and other likelihood parameters: the mean of the experts' values;
-* grBCM: the communication expert is the module whose ``info["role"]`` is ``"communication"``,
-  else the first module; the others are the augmented experts +j.
+* grBCM: the communication expert is the module whose ``info["role"]`` is ``"communication"``
+  (:func:`~pyrogp_models.models.experts.exact.grbcm_rows`; one must be), the others are the
+  augmented experts +j, trained on its points and their own.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ class ExpertCombination(Predictor):
     The prior is N(0, σ*²) in model units with σ*² the mean of the experts' k_j(x*, x*); the
     Gaussian noise (and any other likelihood parameter) is the mean of the experts' values. For
     ``grbcm`` the communication expert is the module with ``info["role"] == "communication"``
-    (else the first module) and the other modules are the augmented experts.
+    (one must be: experts of an ordinary partition are not augmented by a communication set, and
+    taking one of them for it would silently give another model) and the other modules are the
+    augmented experts.
     """
 
     def __init__(self, modules: Mapping[str, Module] | ModuleExperts, rule: str,
@@ -94,7 +97,12 @@ class ExpertCombination(Predictor):
             if self.experts.num_experts < 2:
                 raise ValueError("grbcm needs a communication expert and at least one more")
             roles = [m.info.get("role") for m in self.experts.modules]
-            self.communication = roles.index("communication") if "communication" in roles else 0
+            if "communication" not in roles:
+                raise ValueError("grbcm needs a communication expert (a module whose info role "
+                                 "is 'communication') and experts trained on its points and "
+                                 "their own (grbcm_rows); these modules have none: choose "
+                                 "another rule")
+            self.communication = roles.index("communication")
             self._augmented = torch.as_tensor(
                 [j for j in range(self.experts.num_experts) if j != self.communication])
         if space == "y" and self.likelihood_name != "gaussian":
