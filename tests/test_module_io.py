@@ -235,3 +235,14 @@ def test_a_crash_during_write_leaves_nothing_half_written(modules, tmp_path, mon
     with pytest.raises(OSError):
         module_files.save_module(modules["part000"], target)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fitted_module_gives_its_hyperparameters_as_plain_values():
+    """``hyperparameters()`` is read by users (``float(value)``): no autograd graph behind it."""
+    X = torch.linspace(0, 1, 30, dtype=torch.float64).unsqueeze(-1)
+    fit = fit_local((X, torch.sin(6 * X[:, 0]), partition_contiguous(X, 2)),
+                    LocalFitSpec(num_inducing=4), TrainConfig(steps=5, tol=None))
+    for module in fit.modules.values():
+        values = module.hyperparameters()
+        assert {"lengthscale", "variance", "noise_variance"} <= set(values)
+        assert not any(torch.is_tensor(v) and v.requires_grad for v in values.values())

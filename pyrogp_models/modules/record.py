@@ -99,9 +99,10 @@ class Module(Predictor):
         """Kernel and likelihood parameters in data units: every kernel value by its place in
         the tree (``lengthscale``, ``variance`` for a single kernel; ``0.lengthscale``,
         ``1.0.period``, … for a composite), and the likelihood's parameters
-        (``noise_variance`` for Gaussian noise), output-scaled where targets were standardised."""
+        (``noise_variance`` for Gaussian noise), output-scaled where targets were standardised;
+        values, not part of any autograd graph."""
         output_scale = self.output_scale()
-        out = {name.removeprefix("kernel").lstrip("."): value
+        out = {name.removeprefix("kernel").lstrip("."): value.detach()
                for name, value in self.data_unit_kernel().named_values().items()}
         for key, value in self.likelihood_params.items():
             name = "noise_variance" if self.likelihood_name == "gaussian" else key
