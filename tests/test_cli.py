@@ -1,6 +1,7 @@
 """The ``pyrogp`` command line, run in-process through ``pyrogp_models.inference.cli.main``."""
 
 import json
+import math
 import subprocess
 import sys
 import types
@@ -145,6 +146,22 @@ def test_without_partitions_there_is_one_partition_per_default_rows(capsys, monk
     run_ok(capsys, "fit-local", regression_csv, "--target", "y", "--features", "x1,x2",
            *FAST, "--out", out)
     assert len(load_modules(out)) == 3
+
+
+def test_a_text_column_is_no_default_feature(capsys, tmp_path):
+    """A date column beside the numbers: without --features the inputs are the numeric columns
+    (the module records them), and a table of nothing but text besides the target is refused
+    in one line naming the text columns."""
+    rows = ["when,x,y"] + [f"2020-{i % 12 + 1:02d},{i / 30:.17g},{math.sin(i / 5):.17g}"
+                           for i in range(30)]
+    (tmp_path / "dated.csv").write_text("\n".join(rows) + "\n")
+    run_ok(capsys, "fit-local", tmp_path / "dated.csv", "--target", "y", *FAST, "--out",
+           tmp_path / "dated")
+    assert [list(m.columns.features) for m in load_modules(tmp_path / "dated").values()] == [["x"]]
+    (tmp_path / "words.csv").write_text("when,y\n2020-01,1\n2020-02,2\n2020-03,3\n")
+    error = run_failing(capsys, "fit-local", tmp_path / "words.csv", "--target", "y", "--out",
+                        tmp_path / "words")
+    assert "no feature columns left besides the target but text columns (when)" in error
 
 
 def test_binary_classifier_outputs_probabilities(capsys, folder, label_csv):

@@ -95,8 +95,8 @@ def add_data(parser: argparse.ArgumentParser) -> None:
 def add_features(parser: argparse.ArgumentParser, besides: str = "the target") -> None:
     """``--features``: comma-separated input columns."""
     parser.add_argument("--features", metavar="COL,...",
-                        help=f"comma-separated feature columns (default: every column but "
-                             f"{besides})")
+                        help=f"comma-separated feature columns (default: every column of "
+                             f"numbers but {besides})")
 
 
 def add_units(parser: argparse.ArgumentParser) -> None:

@@ -149,13 +149,25 @@ def read_inputs(table: Table, predictor: Predictor, exclude: tuple[str, ...] = (
 # Columns of a data table ----------------------------------------------------------------------
 def feature_columns(table: Table, targets: list[str], listed: str | None,
                     others: tuple[str, ...] = ()) -> list[str]:
-    """The ``--features`` named (comma-separated), or every column of ``table`` but the target
-    column(s) and ``others`` (a partition or task column)."""
+    """The ``--features`` named (comma-separated), or every column of ``table`` that holds
+    numbers but the target column(s) and ``others`` (a partition or task column): a text column
+    (dates, names) is no input unless named."""
     for name in targets:
         table.column(name)
     if listed is None:
-        return [name for name in table.columns if name not in {*targets, *others}]
+        return default_features(table, {*targets, *others})
     return column_list(listed, "--features")
+
+
+def default_features(table: Table, taken: set[str]) -> list[str]:
+    """Every column of ``table`` not in ``taken`` that holds numbers; none is an error."""
+    features = [name for name in table.columns if name not in taken and name not in table.text]
+    if not features:
+        text = sorted(set(table.text) - taken)
+        raise DataError("no feature columns left besides the target" +
+                        (f" but text columns ({', '.join(text)}): name inputs with --features"
+                         if text else ""))
+    return features
 
 
 def column_list(text: str, flag: str) -> list[str]:

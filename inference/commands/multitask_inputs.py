@@ -17,6 +17,7 @@ import argparse
 from dataclasses import dataclass
 
 import numpy as np
+from pyrogp_models.inference.commands.common import default_features
 
 from pyrogp_models import io
 from pyrogp_models.data import Table, require_finite
@@ -66,7 +67,7 @@ class TaskColumns:
         if task_column is not None:
             table.labels(task_column)  # present: numbers or names
         if features is None:
-            features = [name for name in table.columns if name not in layout]
+            features = default_features(table, set(layout))
         elif set(features) & set(layout):
             raise DataError(f"column(s) {', '.join(sorted(set(features) & set(layout)))} are "
                             "both features and target or task column")
