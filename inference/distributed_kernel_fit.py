@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -168,6 +169,15 @@ class DistributedKernelSpec:
                              "batches; use method='svi'")
 
 
+class Start(NamedTuple):
+    """One start of a fit (:func:`start_factors`): the factor on the initial lengthscales, the
+    ELBO it ended at and its training seconds."""
+
+    factor: float
+    elbo: float
+    seconds: float
+
+
 @dataclass
 class DistributedKernelFit(Fit):
     """:class:`~pyrogp_models.inference.fit_result.Fit` of a distributed-kernel GP: ``model`` is the
@@ -176,8 +186,7 @@ class DistributedKernelFit(Fit):
 
     model: DistributedKernelGP
     predictor: DistributedKernelPredictor
-    starts: list[tuple[float, float, float]] = field(default_factory=list)  # per start: the
-    # factor on the initial lengthscales, the ELBO and the training seconds
+    starts: list[Start] = field(default_factory=list)
     kept_start: int = 0
 
 
@@ -206,7 +215,7 @@ def fit_distributed_kernel(data, spec: DistributedKernelSpec,
     predictor = DistributedKernelPredictor(model, standardisation, len(y), elbo, spec.info,
                                            spec.columns)
     return DistributedKernelFit(model, result, predictor, standardisation,
-                                [(factor, value, record.seconds)
+                                [Start(factor, value, record.seconds)
                                  for factor, value, _, record, _ in fits], kept)
 
 

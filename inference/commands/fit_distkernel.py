@@ -129,10 +129,10 @@ def run(args: argparse.Namespace) -> int:
     print(fit.predictor.describe())
     if len(fit.starts) > 1:
         print("starts: " + ", ".join(
-            f"lengthscale × {factor:.3g} ELBO {elbo:.6g}{' (kept)' if i == fit.kept_start else ''}"
-            for i, (factor, elbo, _) in enumerate(fit.starts)))
+            f"lengthscale × {start.factor:.3g} ELBO {start.elbo:.6g}"
+            f"{' (kept)' if i == fit.kept_start else ''}" for i, start in enumerate(fit.starts)))
     status = "converged" if fit.result.converged else "not converged"
-    seconds = sum(start[2] for start in fit.starts)
+    seconds = sum(start.seconds for start in fit.starts)
     print(f"\n{fit.result.steps} steps ({spec.method}), {status}, in {seconds:.1f} s"
           f"{f' ({len(fit.starts)} starts)' if len(fit.starts) > 1 else ''}; written to {path}")
     return 0
