@@ -14,6 +14,11 @@ def format_number(value: float, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
+def count_of(number: int, noun: str) -> str:
+    """``"1 module"``, ``"3 modules"``: a count with its noun, plural unless one."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Columns padded to their widest cell; numbers right-aligned, text left-aligned."""
     cells = [[_text(value) for value in row] for row in rows]

@@ -16,6 +16,8 @@ from pyrogp_models.inference.commands.arguments import (
 )
 from pyrogp_models.inference.train_config import DEFAULT_EXPERT_POINTS, EXPERTS_CONFIG
 
+from pyrogp_models.text import count_of
+
 NAME = "fit-experts"
 HELP = ("fit exact GP experts with shared hyperparameters on partitions of the data and save "
         "them as a module folder")
@@ -92,8 +94,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [(name, module.num_data, module.elbo) for name, module in fit.modules.items()]
     print(format_table(["expert", "N", "log marginal"], rows))
     status = "converged" if fit.result.converged else "step limit reached"
-    count = len(fit.modules)
-    print(f"\n{count} exact expert{'s' if count > 1 else ''} ({describe_rule(partition.rule)}) "
+    print(f"\n{count_of(len(fit.modules), 'exact expert')} ({describe_rule(partition.rule)}) "
           "written to "
           f"{args.out}; {fit.result.steps} steps, {status}")
     return 0

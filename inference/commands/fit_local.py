@@ -24,6 +24,8 @@ from pyrogp_models.inference.train_config import (
     UNCOLLAPSED_CONFIG,
 )
 
+from pyrogp_models.text import count_of
+
 NAME = "fit-local"
 HELP = "fit one sparse GP per partition of the data and save them as a module folder"
 
@@ -152,8 +154,7 @@ def run(args: argparse.Namespace) -> int:
                                      "ELBO": lambda m: m.elbo}, args.verbose))
     status = "converged" if fit.result.converged else "not converged"
     bound = "collapsed" if collapsed_bound(spec) else "uncollapsed"
-    count = len(fit.modules)
-    print(f"\n{count} module{'s' if count > 1 else ''} ({describe_rule(partition.rule)}, "
+    print(f"\n{count_of(len(fit.modules), 'module')} ({describe_rule(partition.rule)}, "
           f"{bound} bound) "
           f"written to {args.out}; {fit.result.steps} steps, {status}, {seconds:.1f} s")
     return 0

@@ -21,7 +21,7 @@ from pyrogp_models.inference.commands.common import default_features
 
 from pyrogp_models import io
 from pyrogp_models.data import Table, require_finite
-from pyrogp_models.data.tables import MISSING_CELLS
+from pyrogp_models.data.tables import is_missing
 from pyrogp_models.errors import DataError
 from pyrogp_models.models.multitask import MultitaskPredictor
 from pyrogp_models.models.multitask.files import MULTITASK_FILE
@@ -171,7 +171,7 @@ def task_labels(table: Table, column: str) -> np.ndarray:
         values = table.column(column)
         require_finite(values, f"task column '{column}'")
         return np.asarray([task_name(value) for value in values])
-    missing = [row for row, label in enumerate(labels, start=1) if label.lower() in MISSING_CELLS]
+    missing = [row for row, label in enumerate(labels, start=1) if is_missing(label)]
     if missing:
         raise DataError(f"task column '{column}' has no task name at row {missing[0]}")
     return np.asarray(labels)

@@ -21,6 +21,8 @@ from pyrogp_models.inference.train_config import (
     UNCOLLAPSED_CONFIG,
 )
 
+from pyrogp_models.text import count_of
+
 NAME = "recycle"
 HELP = "fit a meta-GP to module files and folders (and new raw data) and save it as a module"
 
@@ -132,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     repairs = module.info["recycle"]["site_repairs"]
     clipped = {name: count for name, count in repairs.items() if count}
     status = "converged" if result.converged else "not converged"
-    sources = (f"{_count(len(modules), 'module')} "
+    sources = (f"{count_of(len(modules), 'module')} "
                f"(N = {sum(m.num_data for m in modules.values())})")
     if raw is not None:
         sources += f" and {len(raw.y)} raw points"
@@ -140,17 +142,13 @@ def run(args: argparse.Namespace) -> int:
           f"(kernel {kernel_text(module.data_unit_kernel(), 3)}, "
           f"{'collapsed' if collapsed else 'uncollapsed'} bound)")
     if clipped:
-        print(f"site repair clipped {_count(sum(clipped.values()), 'direction')} in "
-              f"{_count(len(clipped), 'module')}: {', '.join(clipped)}")
+        print(f"site repair clipped {count_of(sum(clipped.values()), 'direction')} in "
+              f"{count_of(len(clipped), 'module')}: {', '.join(clipped)}")
     print(f"ensemble bound {module.info['ensemble_bound']:.6g} (ELBO {module.elbo:.6g} with the "
           f"modules' own, as info shows it), λ_min(Λ_w) = {meta.min_precision_eigenvalue():.4g}; "
           f"{result.steps} steps, {status}")
     print(f"written to {out}")
     return 0
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _load_all(paths: list[Path]) -> dict:

@@ -15,6 +15,7 @@ import numpy as np
 
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.errors import DataError
+from pyrogp_models.text import count_of
 
 #: Fewest rows with distinct inputs from which a GP fit identifies ℓ, σ_f² and σ².
 MIN_DISTINCT_INPUTS = 3
@@ -40,8 +41,8 @@ def require_identifiable(X: np.ndarray, y: np.ndarray, partition: Partition | No
     distinct = np.bincount(labels_sorted[new_run], minlength=count)
     rows = np.bincount(labels, minlength=count)
     for k in np.flatnonzero(distinct < MIN_DISTINCT_INPUTS):
-        have = (_count(rows[k], "row") if rows[k] == distinct[k]
-                else f"{_count(rows[k], 'row')} with {_count(distinct[k], 'distinct input')}")
+        have = (count_of(rows[k], "row") if rows[k] == distinct[k]
+                else f"{count_of(rows[k], 'row')} with {count_of(distinct[k], 'distinct input')}")
         raise DataError(f"{_subject(partition, k)} {have}; a GP fit needs at least "
                         f"{MIN_DISTINCT_INPUTS} rows with distinct inputs to identify its "
                         f"lengthscale and its signal and noise variances{_remedy(partition)}")
@@ -56,10 +57,6 @@ def require_identifiable(X: np.ndarray, y: np.ndarray, partition: Partition | No
                         "has nothing to learn (its noise would shrink to zero and its "
                         "lengthscale grow without bound)"
                         f"{_remedy(partition, 'fit a constant instead')}")
-
-
-def _count(number: int, what: str) -> str:
-    return f"{number} {what}{'s' if number != 1 else ''}"
 
 
 def _subject(partition: Partition | None, k: int) -> str:

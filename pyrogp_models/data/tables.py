@@ -23,6 +23,16 @@ ArrayLike = np.ndarray | torch.Tensor
 MISSING_CELLS = frozenset({"", "na", "n/a", "#n/a", "nan", "null", "none", "<na>"})
 
 
+def is_missing(cell: str) -> bool:
+    """Whether a CSV cell writes a missing value (:data:`MISSING_CELLS`)."""
+    return cell.strip().lower() in MISSING_CELLS
+
+
+def _number(cell: str) -> float:
+    """A numeric CSV cell's value, NaN for a missing one; ValueError for text."""
+    return math.nan if is_missing(cell) else float(cell)
+
+
 @dataclass(frozen=True)
 class TextColumn:
     """A CSV column that is not all numbers: its cells, and the one-line error that using it as
@@ -130,8 +140,7 @@ def _read_columns(path: Path, columns: list[str], body: list[tuple[int, list[str
     for j, name in enumerate(columns):
         cells = [row[j] for _, row in body]
         try:
-            values[:, j] = [math.nan if cell.strip().lower() in MISSING_CELLS else float(cell)
-                            for cell in cells]
+            values[:, j] = [_number(cell) for cell in cells]
         except ValueError:
             values[:, j] = math.nan
             text[name] = TextColumn(cells, _first_non_numeric(path, name, body, j))
@@ -140,13 +149,10 @@ def _read_columns(path: Path, columns: list[str], body: list[tuple[int, list[str
 
 def _first_non_numeric(path: Path, name: str, body: list[tuple[int, list[str]]], j: int) -> str:
     for row_number, (line_number, row) in enumerate(body, start=1):
-        cell = row[j]
-        if cell.strip().lower() in MISSING_CELLS:
-            continue
         try:
-            float(cell)
+            _number(row[j])
         except ValueError:
-            return (f"{path}: non-numeric value {cell!r} in column '{name}' "
+            return (f"{path}: non-numeric value {row[j]!r} in column '{name}' "
                     f"at row {row_number} (line {line_number})")
     raise AssertionError("a column that failed to convert has a non-numeric cell")
 
