@@ -22,8 +22,10 @@ from pyrogp_models.inference.fit_result import Fit
 from pyrogp_models.inference.train_config import (
     COLLAPSED_CONFIG,
     DEFAULT_RESTARTS,
+    EXACT_LIKELIHOODS,
     MINIBATCH_NATURAL_GRADIENT,
     UNCOLLAPSED_CONFIG,
+    UNCOLLAPSED_EXACT_CONFIG,
     TrainConfig,
 )
 from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
@@ -206,14 +208,23 @@ def collapsed_bound(spec: LocalFitSpec) -> bool:
 
 
 def default_config(spec: LocalFitSpec) -> TrainConfig:
-    """The collapsed bound's configuration, else the uncollapsed one (with minibatches a
-    natural-gradient step of ``MINIBATCH_NATURAL_GRADIENT``), from
+    """The collapsed bound's configuration; L-BFGS on an uncollapsed bound computed exactly
+    (:func:`exact_uncollapsed_bound`); else natural-gradient steps with Adam (with minibatches
+    of step size ``MINIBATCH_NATURAL_GRADIENT``), from
     :mod:`pyrogp_models.inference.train_config`."""
     if collapsed_bound(spec):
         return COLLAPSED_CONFIG
+    if exact_uncollapsed_bound(spec):
+        return UNCOLLAPSED_EXACT_CONFIG
     if spec.batch_size is not None:
         return replace(UNCOLLAPSED_CONFIG, natural_gradient_lr=MINIBATCH_NATURAL_GRADIENT)
     return UNCOLLAPSED_CONFIG
+
+
+def exact_uncollapsed_bound(spec: LocalFitSpec) -> bool:
+    """Whether the uncollapsed bound is smooth and computed exactly, so that L-BFGS fits it: full
+    batch and a likelihood of :data:`~pyrogp_models.inference.train_config.EXACT_LIKELIHOODS`."""
+    return spec.batch_size is None and spec.likelihood in EXACT_LIKELIHOODS
 
 
 def local_predictor(modules: dict[str, Module], partition: Partition) -> Predictor:

@@ -70,11 +70,25 @@ SPACING_MULTIPLE = 10.0
 #: CO2 with a five-part kernel ~860 in one partition, Boston housing's 13 inputs 900, its
 #: meta-GP 1020).
 COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=3000, window=10, tol=1e-6)
-#: The uncollapsed bound (other likelihoods, minibatches): a unit natural-gradient step on every
-#: q(u) (exact for Gaussian terms, safeguarded otherwise) before each Adam step on the other
+#: The uncollapsed bound otherwise (minibatches, a Gaussian likelihood asked for uncollapsed, the
+#: categorical): a unit natural-gradient step on every q(u)
+#: (exact for Gaussian terms, safeguarded otherwise) before each Adam step on the other
 #: parameters.
 UNCOLLAPSED_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=50, tol=1e-6,
                                  natural_gradient_lr=1.0)
+#: Likelihoods whose uncollapsed bound is smooth and computed exactly (in closed form or by
+#: quadrature), so that L-BFGS fits it: :data:`UNCOLLAPSED_EXACT_CONFIG` with full batches. (The
+#: categorical's softmax is a Monte Carlo estimate and its robustmax is not smooth: on 200 rows
+#: in 3 partitions L-BFGS ran out of its 3000 steps in 160 s where Adam ran out of 1000 in 112 s.)
+EXACT_LIKELIHOODS = ("bernoulli", "poisson", "heteroscedastic")
+#: The uncollapsed bound of :data:`EXACT_LIKELIHOODS` with full batches: the batched L-BFGS on
+#: every parameter, q(u) included, with the collapsed bound's settings. On 559 biopsy rows
+#: (Bernoulli, 3 inputs) it reaches the ELBO of natural-gradient steps with Adam (−81.358 both)
+#: in 16.6 s against 58.7 s; Poisson, 600 rows in 3 partitions: the same ELBOs in 46.6 s against
+#: 142.3 s; heteroscedastic, 600 rows: converged in 1760 steps (559 s on a busy machine) where
+#: Adam's loss became infinite at step 190.
+UNCOLLAPSED_EXACT_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=3000, window=10,
+                                       tol=1e-6)
 #: The natural-gradient step size with minibatches (a unit step would follow one batch's noise).
 MINIBATCH_NATURAL_GRADIENT = 0.2
 #: Exact experts: L-BFGS on the summed log marginal likelihood (the batched L-BFGS with one

@@ -14,6 +14,7 @@ import torch
 from pyrogp_models.inference.experts_fit import DEFAULT_TRAIN_CONFIG as EXPERTS_CONFIG
 from pyrogp_models.inference.experts_fit import ExpertsSpec, fit_exact_experts
 from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local
+from pyrogp_models.inference.train_config import UNCOLLAPSED_CONFIG
 from scipy import stats
 
 from helpers import constant_scores, run_failing, run_ok, write_csv
@@ -169,6 +170,20 @@ def test_poisson_fit_predicts_rates(capsys, folder, data_csv, arrays):
                                "--json"))
     constant = -stats.poisson.logpmf(arrays["count"], arrays["count"].mean()).mean()
     assert report["nlpd"] < constant - 0.3
+
+
+def test_lr_trains_an_exact_bound_by_adam_instead_of_lbfgs(capsys, folder, data_csv, arrays):
+    """A Poisson fit trains by L-BFGS by default; --lr asks for Adam with natural-gradient
+    steps (the uncollapsed configuration), and the modules are that Python fit's."""
+    X = arrays["x"][:, None]
+    run_ok(capsys, *fit_args(data_csv, "count", folder / "poisson_adam", "--inducing", 6,
+                             "--likelihood", "poisson", "--lr", 0.03, "--steps", 10))
+    spec = LocalFitSpec(num_inducing=6, likelihood="poisson", columns=Columns(["x"], "count"))
+    assert default_config(spec).optimizer == "lbfgs"
+    config = replace(UNCOLLAPSED_CONFIG, lr=0.03, steps=10, seed=0)
+    with pytest.warns(NotConvergedWarning):
+        python = fit_local((X, arrays["count"], partition_contiguous(X, 2)), spec, config)
+    assert_same_predictions(load_modules(folder / "poisson_adam"), python.modules, X)
 
 
 def test_heteroscedastic_fit_predicts_input_dependent_noise(capsys, folder, data_csv, arrays):

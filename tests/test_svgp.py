@@ -1,16 +1,20 @@
 """The batched SVGP against the exact GP, against single fits and against Pyro's own ELBO."""
 
 import math
+import warnings
+from dataclasses import replace
 
 import numpy as np
 import pyro
 import pytest
 import torch
-from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local
 from pyrogp_models.inference.metrics import nlpd
+from pyrogp_models.inference.train_config import UNCOLLAPSED_CONFIG
 from pyrogp_models.inference.trainer import TrainConfig, train
 
 from pyrogp_models.data.partitioners import Partition, partition_contiguous, partition_random
+from pyrogp_models.errors import NotConvergedWarning
 from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
 from pyrogp_models.kernels import Stationary
 from pyrogp_models.likelihoods import Gaussian, make_likelihood
@@ -314,6 +318,35 @@ def test_poisson_fit_recovers_the_rate():
     mean, _ = fit.modules["part000"].predict_y(np.array([[0.2], [0.5], [0.8]]))
     expected = np.exp(1.0 + np.sin(4 * np.array([0.2, 0.5, 0.8])))
     assert np.allclose(mean.numpy(), expected, rtol=0.2)
+
+
+@pytest.mark.parametrize("likelihood", ["bernoulli", "poisson"])
+def test_an_exact_non_gaussian_bound_trains_by_lbfgs_to_adams_optimum(likelihood):
+    """Full batch with an expectation by quadrature (Bernoulli) or in closed form (Poisson):
+    the default trains every parameter, q(u) included, by the batched L-BFGS, converges, and
+    ends where natural-gradient steps with Adam end when run long (every partition's ELBO within
+    0.05 nats). The categorical (a Monte Carlo softmax, a robustmax that is not smooth) keeps
+    Adam."""
+    rng = np.random.default_rng(8)
+    X = rng.uniform(0, 1, size=(200, 1))
+    latent = 2.0 * np.sin(6 * X[:, 0])
+    y = (rng.uniform(size=200) < 1 / (1 + np.exp(-latent))).astype(float) \
+        if likelihood == "bernoulli" else rng.poisson(np.exp(1 + latent / 2)).astype(float)
+    spec = LocalFitSpec(num_inducing=8, likelihood=likelihood, restarts=1)
+    config = default_config(spec)
+    assert (config.optimizer, config.natural_gradient_lr) == ("lbfgs", None)
+    for link in ("softmax", "robustmax"):
+        categorical = default_config(replace(spec, likelihood="categorical",
+                                             likelihood_options={"link": link}))
+        assert (categorical.optimizer, categorical.natural_gradient_lr) == ("adam", 1.0)
+    partition = partition_random(200, 2, 0)
+    fit = fit_local((X, y, partition), spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotConvergedWarning)
+        adam = fit_local((X, y, partition), spec, replace(UNCOLLAPSED_CONFIG, steps=3000))
+    assert fit.result.converged
+    for name, module in fit.modules.items():
+        assert module.elbo == pytest.approx(adam.modules[name].elbo, abs=0.05)
 
 
 def test_by_default_a_partition_takes_half_its_rows_as_inducing_inputs_at_most_100():

@@ -19,6 +19,7 @@ from pyrogp_models.inference.commands.arguments import (
 from pyrogp_models.inference.train_config import (
     COLLAPSED_CONFIG,
     DEFAULT_PARTITION_ROWS,
+    EXACT_LIKELIHOODS,
     MAX_DEFAULT_INDUCING,
     MINIBATCH_NATURAL_GRADIENT,
     UNCOLLAPSED_CONFIG,
@@ -61,15 +62,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ard", action="store_true", help="one lengthscale per input")
     parser.add_argument("--steps", type=int, metavar="N",
                         help=f"maximum optimiser steps (default: {COLLAPSED_CONFIG.steps} "
-                             f"L-BFGS iterations for the collapsed bound, "
-                             f"{UNCOLLAPSED_CONFIG.steps} Adam steps otherwise)")
+                             "L-BFGS iterations for the collapsed bound and the "
+                             f"{', '.join(EXACT_LIKELIHOODS)} likelihoods, "
+                             f"{UNCOLLAPSED_CONFIG.steps} Adam steps for the categorical, "
+                             "with --batch-size or --lr/--natural-gradient)")
     parser.add_argument("--lr", type=float, metavar="LR",
                         help=f"Adam learning rate of the uncollapsed bound (default: "
-                             f"{UNCOLLAPSED_CONFIG.lr:g})")
+                             f"{UNCOLLAPSED_CONFIG.lr:g}); trains by Adam where L-BFGS is the "
+                             "default")
     parser.add_argument("--natural-gradient", type=float, metavar="GAMMA",
                         help="size of the natural-gradient step on every q(u) before each Adam "
-                             "step of the uncollapsed bound (implies --uncollapsed); 0: Adam "
-                             "moves q(u) too (default: "
+                             "step of the uncollapsed bound (implies --uncollapsed and Adam); "
+                             "0: Adam moves q(u) too (default where Adam trains: "
                              f"{UNCOLLAPSED_CONFIG.natural_gradient_lr:g}, "
                              f"{MINIBATCH_NATURAL_GRADIENT:g} with --batch-size)")
     parser.add_argument("--batch-size", type=int, metavar="B",
@@ -178,6 +182,10 @@ def _train_config(args: argparse.Namespace, spec):
             raise DataError("--lr sets Adam's learning rate of the uncollapsed bound; the "
                             "collapsed bound is fitted by L-BFGS")
         return config
+    if config.optimizer == "lbfgs" and (args.lr is not None or args.natural_gradient is not None):
+        config = replace(UNCOLLAPSED_CONFIG, steps=config.steps if args.steps is not None
+                         else UNCOLLAPSED_CONFIG.steps, seed=config.seed,
+                         progress=config.progress)  # they ask for Adam's steps
     if args.lr is not None:
         config = replace(config, lr=args.lr)
     if args.natural_gradient is not None:
