@@ -74,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fit from R initial lengthscales (the rule's, then shorter down to "
                              "a quarter of it) and keep the best ELBO (default: "
                              f"{DISTRIBUTED_KERNEL_RESTARTS} on the collapsed bound of a "
-                             "gaussian meanfield fit, 1 otherwise)")
+                             "gaussian meanfield fit, 1 otherwise and with --time-budget, "
+                             "which belongs to one training)")
     parser.add_argument("--lr", type=float, metavar="LR",
                         help="Adam learning rate where the fit runs Adam (default: "
                              f"{DISTRIBUTED_KERNEL_SVI_CONFIG.lr:g})")
