@@ -87,8 +87,7 @@ EXACT_LIKELIHOODS = ("bernoulli", "poisson", "heteroscedastic")
 #: in 16.6 s against 58.7 s; Poisson, 600 rows in 3 partitions: the same ELBOs in 46.6 s against
 #: 142.3 s; heteroscedastic, 600 rows: converged in 1760 steps (559 s on a busy machine) where
 #: Adam's loss became infinite at step 190.
-UNCOLLAPSED_EXACT_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=3000, window=10,
-                                       tol=1e-6)
+UNCOLLAPSED_EXACT_CONFIG = COLLAPSED_CONFIG
 #: The natural-gradient step size with minibatches (a unit step would follow one batch's noise).
 MINIBATCH_NATURAL_GRADIENT = 0.2
 #: Exact experts: L-BFGS on the summed log marginal likelihood (the batched L-BFGS with one

@@ -174,18 +174,16 @@ def _train_config(args: argparse.Namespace, spec):
 
     from pyrogp_models.errors import DataError
 
-    config = replace(default_config(spec), seed=args.seed, progress=sys.stderr.isatty())
+    adam = args.lr is not None or args.natural_gradient is not None
+    if args.lr is not None and collapsed_bound(spec):
+        raise DataError("--lr sets Adam's learning rate of the uncollapsed bound; the "
+                        "collapsed bound is fitted by L-BFGS")
+    base = default_config(spec)
+    if adam and base.optimizer == "lbfgs":  # an exact bound's L-BFGS: they ask for Adam
+        base = UNCOLLAPSED_CONFIG
+    config = replace(base, seed=args.seed, progress=sys.stderr.isatty())
     if args.steps is not None:
         config = replace(config, steps=args.steps)
-    if collapsed_bound(spec):
-        if args.lr is not None:
-            raise DataError("--lr sets Adam's learning rate of the uncollapsed bound; the "
-                            "collapsed bound is fitted by L-BFGS")
-        return config
-    if config.optimizer == "lbfgs" and (args.lr is not None or args.natural_gradient is not None):
-        config = replace(UNCOLLAPSED_CONFIG, steps=config.steps if args.steps is not None
-                         else UNCOLLAPSED_CONFIG.steps, seed=config.seed,
-                         progress=config.progress)  # they ask for Adam's steps
     if args.lr is not None:
         config = replace(config, lr=args.lr)
     if args.natural_gradient is not None:
