@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from pyrogp_models.inference.commands.arguments import HelpFormatter
+from pyrogp_models.inference.memory import keep_freed_memory
 
 from pyrogp_models import __version__
 from pyrogp_models.errors import PyrogpError
@@ -91,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_request.code or 0)
     try:
         _set_threads(args.threads)
+        keep_freed_memory()
         return args.run(args)
     except USER_ERRORS as error:
         if args.debug:

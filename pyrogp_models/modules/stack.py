@@ -108,14 +108,16 @@ class ModuleGroup:
         P_k is formed in the prior metric: with T = L_pk⁻¹L_k = U diag(σ) Vᵀ,
         P_k = L_pk⁻ᵀ U diag(σ⁻² − 1) Uᵀ L_pk⁻¹ (= S_k⁻¹ − K_kk^{(k)−1}), so
         R_k = L_pk⁻ᵀ U diag(|σ⁻² − 1|)^½. Directions within :data:`SITE_TOLERANCE` of the prior
-        (σ ≤ 1 + tolerance) contribute exactly zero or more: the difference S_k⁻¹ − K_kk^{(k)−1}
-        leaves them slightly negative by rounding, which an ill-conditioned K_** of the meta-GP
-        amplifies into a spuriously unbounded bound. Only the directions where a module is wider
-        than its prior (under-fitted) get s = −1, for the boundedness guard to report."""
+        (|σ − 1| ≤ tolerance) contribute exactly zero: there σ⁻² − 1 is rounding, which L_pk⁻ᵀ
+        multiplies by up to the inverse of the module's prior scale (a module whose signal
+        variance went to 10⁻⁸² gave P_k entries of 10⁷⁰ and an unbounded bound), and slightly
+        negative values of it would make a bounded bound look unbounded under an ill-conditioned
+        K_** of the meta-GP. Only the directions where a module is wider than its prior
+        (under-fitted) get s = −1, for the boundedness guard to report."""
         _, _, prior_chol, _ = self.first_latent()
         U, singular = _whitened_singular_values(self)
-        values = torch.where(singular <= 1.0 + SITE_TOLERANCE,
-                             (singular.pow(-2) - 1.0).clamp_min(0.0), singular.pow(-2) - 1.0)
+        values = torch.where((singular - 1.0).abs() <= SITE_TOLERANCE, 0.0,
+                             singular.pow(-2) - 1.0)
         basis = triangular_solve(prior_chol, U, transpose=True)  # L_pk⁻ᵀ U
         return basis * values.abs().sqrt().unsqueeze(-2), values.sign()
 
