@@ -134,6 +134,41 @@ def test_restarts_end_no_lower_than_a_single_start():
     assert bool((three >= one - 1e-5 * one.abs()).all()), (one, three)
 
 
+def test_the_screen_fits_at_most_its_row_limit_of_each_partition():
+    """Partitions above the limit are screened on that many rows drawn at random (the same
+    draw for a seed), smaller ones on all their rows, in the data's order."""
+    from pyrogp_models.inference.restarts import screening_rows
+
+    labels = np.repeat([2, 0, 1], [50, 7, 20])
+    rows = screening_rows(labels, 10, seed=0)
+    assert np.array_equal(np.bincount(labels[rows]), [7, 10, 10])
+    assert np.array_equal(rows, np.unique(rows))
+    assert np.array_equal(rows, screening_rows(labels, 10, seed=0))
+    assert not np.array_equal(rows, screening_rows(labels, 10, seed=1))
+    assert np.array_equal(screening_rows(labels, 50, seed=0), np.arange(len(labels)))
+
+
+def test_a_fit_screens_its_starts_on_the_row_limit(monkeypatch):
+    """With the limit below the partitions' sizes the screen sees the limit per partition and
+    start (one batched model of K·R members), and the fit continues on every row."""
+    from pyrogp_models.inference import restarts
+
+    X, y = seasonal_series(200, seed=1)
+    data = (X, y, partition_contiguous(X, 2))
+    screened_sizes = []
+    train = restarts.train
+
+    def recording(model, *args, **kwargs):
+        screened_sizes.append(model.num_points)
+        return train(model, *args, **kwargs)
+
+    monkeypatch.setattr(restarts, "SCREEN_ROWS", 30)
+    monkeypatch.setattr(restarts, "train", recording)
+    fit = fit_local(data, LocalFitSpec(num_inducing=12, restarts=3))
+    assert screened_sizes == [2 * 3 * 30]
+    assert fit.model.num_points == 200
+
+
 def test_a_start_that_cannot_be_evaluated_loses_instead_of_stopping_the_fit(monkeypatch):
     """A start whose bound is not finite as the trainer evaluates it (a factorisation that fails
     without the jitter ladder, as a start with 1 % noise does on 10⁶ points; imitated here for

@@ -79,6 +79,29 @@ def assert_dense_site(sites, k, module):
     np.testing.assert_allclose(sites.constant[k].item(), constant, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("variance", [1.0, 1e-80])
+def test_a_module_at_its_prior_has_a_zero_site_whatever_its_scale(variance):
+    """S_k = K_kk^{(k)} to within 10⁻¹² has the site S_k⁻¹ − K_kk^{(k)−1} ≈ 0 (a module that
+    learned nothing: on pure noise its signal variance goes to 10⁻⁸²). Taken at face value, the
+    rounding-level σ⁻² − 1 is multiplied by the inverse of the prior's scale (10⁴⁰ at a variance
+    of 10⁻⁸⁰): site entries of 10⁶⁰ and more, and an unbounded meta-GP. It must be zero, and the
+    informative module beside it keeps its dense site."""
+    informative = random_module("a", 3, seed=0)
+    base = random_module("b", 3, seed=1)
+    kernel = stationary_kernel("rbf", torch.tensor([[0.7]], dtype=torch.float64),
+                               torch.tensor([variance], dtype=torch.float64), 2)
+    prior_chol = replace(base, kernel=kernel).prior_cholesky()
+    at_prior = replace(base, kernel=kernel, q_mean=torch.zeros_like(base.q_mean),
+                       q_chol=prior_chol * (1.0 - 1e-12))
+    stack = ModuleStack.from_modules({"a": informative, "b": at_prior})
+    (group,) = stack.groups
+    roots, signs = group.site_roots
+    position = group.names.index("b")
+    assert bool((roots[position] == 0).all()) and bool((signs[position] == 0).all())
+    assert bool((group.sites.precision[position] == 0).all())
+    assert_dense_site(group.sites, group.names.index("a"), stack.modules["a"])
+
+
 def test_repaired_groups_carry_repaired_site_parameters():
     """``dataclasses.replace`` (the site repair) recomputes the cached site parameters."""
     wide = {f"w{k}": random_module(f"w{k}", 3, seed=k, scale=3.0) for k in range(3)}
