@@ -9,7 +9,8 @@
 The exported module keeps the data columns (feature and target names, units) the modules share.
 
 Initialisation: Z_* are k-means centres of all modules' inducing inputs (and of the raw inputs),
-or a grid over their span; ψ_* takes the median of the modules' hyperparameters; q(v) starts at
+or a grid over their span; ψ_* takes the median of the modules' hyperparameters, lengthscales at
+most the spread of the modules' inducing inputs; q(v) starts at
 the collapsed optimum for these (when the bound is bounded). :func:`recycle_multioutput` does the
 same for the LMC meta-GP.
 """
@@ -30,8 +31,9 @@ from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.inducing import default_num_inducing, init_inducing
 from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
-from pyrogp_models.kernels import Kernel, Leaf, Stationary, kernel_text, resolve_kernel
+from pyrogp_models.kernels import Kernel, Leaf, Role, Stationary, kernel_text, resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS, make_likelihood
+from pyrogp_models.models.local.initialisation import MIN_SPREAD
 from pyrogp_models.models.meta.meta_gp import MetaGP, choose_likelihood, common_likelihood
 from pyrogp_models.models.meta.multioutput import MultiOutputMetaGP
 from pyrogp_models.modules.predictor import Predictor
@@ -223,10 +225,12 @@ def initial_global_kernel(stack: ModuleStack | None, spec: RecycleSpec, input_di
     kernel whose given values are in data units; each value it does not give starts at the
     median of the modules' values for a leaf of the same kind (else its default) — or, without
     one, the kernel structure most modules share with the median of their values (an RBF of
-    lengthscale and variance 1 without modules)."""
+    lengthscale and variance 1 without modules); lengthscales not given start at most at the
+    spread of the modules' inducing inputs (:func:`_cap_lengthscales`)."""
     ard = spec.ard if spec.ard is not None else stack is not None and any(
         getattr(leaf, "ard", False) for m in stack.modules.values() for _, leaf in m.kernel.parts())
-    if spec.kernel is None:
+    given = spec.kernel is not None
+    if not given:
         kernel = stack.most_common_kernel() if stack is not None else None
         if kernel is None:
             kernel = resolve_kernel("rbf", input_dim, ard)
@@ -235,7 +239,29 @@ def initial_global_kernel(stack: ModuleStack | None, spec: RecycleSpec, input_di
                                        standardisation, standardise_targets)
         if stack is not None:
             _fill_from_modules(kernel, stack)
+    if stack is not None:
+        _cap_lengthscales(kernel, stack, keep_given=given)
     return kernel.to(dtype=spec.dtype, device=spec.device)
+
+
+def _cap_lengthscales(kernel: Kernel, stack: ModuleStack, keep_given: bool) -> None:
+    """Start every lengthscale (not given by the user) at most at the spread of the modules'
+    inducing inputs (their standard deviation per dimension, model units). Modules of narrow
+    partitions that see only noise end at lengthscales far beyond their span; their median
+    (2814 in data units on 10⁶ points in 5000 partitions of [0, 5]) started a meta-GP that is
+    constant over its inputs, whose bound is flat there: it settled at a variance of 0.08 (bound
+    −48 041, RMSE against f 0.67) where a start at the spread reaches 13 013 (RMSE 0.016)."""
+    points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
+    spread = points.std(0) if len(points) > 1 else torch.ones_like(points[0])
+    for _, leaf in kernel.parts():
+        if not isinstance(leaf, Leaf):
+            continue
+        for h in leaf.hyperparameters:
+            if h.role is not Role.INPUT_SCALE or (keep_given and h.name in leaf.given):
+                continue
+            value = getattr(leaf, h.name)
+            cap = _shaped(spread[list(leaf.active_dims)].to(value), leaf.value_shape(h))
+            leaf.assign(h.name, torch.minimum(value.detach(), cap.clamp_min(MIN_SPREAD)))
 
 
 def _fill_from_modules(kernel: Kernel, stack: ModuleStack) -> None:
@@ -306,7 +332,8 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
     """Fit the LMC meta-GP with ``num_latent`` latent functions and M inducing inputs each
     (:func:`global_inducing`), one output per module.
 
-    Every latent starts with the k-means Z_* and the modules' median lengthscale; the mixing
+    Every latent starts with the k-means Z_* and the modules' median lengthscale (at most their
+    spread, :func:`initial_global_kernel`); the mixing
     weights start from the leading singular vectors of the modules' posterior means at Z_* (see
     :func:`initial_mixing`); q starts at the mean-field optimum.
     """

@@ -4,6 +4,8 @@ the higher bound, and the command line's list of kernel names."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pyro
 import pyro.contrib.gp as gp
@@ -11,7 +13,7 @@ import pytest
 import torch
 from pyro.infer import SVI, TraceMeanField_ELBO
 from pyrogp_models.inference.commands.arguments import KERNEL_KINDS
-from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
+from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local
 from pyrogp_models.inference.recycling import RecycleSpec, recycle
 from pyrogp_models.inference.train_config import TrainConfig
 
@@ -167,6 +169,32 @@ def test_a_fit_screens_its_starts_on_the_row_limit(monkeypatch):
     fit = fit_local(data, LocalFitSpec(num_inducing=12, restarts=3))
     assert screened_sizes == [2 * 3 * 30]
     assert fit.model.num_points == 200
+
+
+def test_the_screen_stops_at_the_margin_that_decides_between_starts(monkeypatch):
+    """The screen's change test is loosened to SCREEN_TOL (the fit's own stays at 1e-6), and a
+    fit asked to run every step screens every step too."""
+    from pyrogp_models.inference import local_fit, restarts
+
+    X, y = seasonal_series(120, seed=1)
+    data = (X, y, partition_contiguous(X, 2))
+    tolerances = {}
+    screen_train, fit_train = restarts.train, local_fit.train
+
+    def recording(label, train):
+        def run(model, *args, config, **kwargs):
+            tolerances[label] = config.tol
+            return train(model, *args, config=config, **kwargs)
+        return run
+
+    monkeypatch.setattr(restarts, "train", recording("screen", screen_train))
+    monkeypatch.setattr(local_fit, "train", recording("fit", fit_train))
+    fit_local(data, LocalFitSpec(num_inducing=6, restarts=2))
+    assert tolerances == {"screen": restarts.SCREEN_TOL, "fit": 1e-6}
+    assert restarts.SCREEN_TOL > 1e-6
+    config = replace(default_config(LocalFitSpec()), tol=None, steps=20)
+    fit_local(data, LocalFitSpec(num_inducing=6, restarts=2), config)
+    assert tolerances == {"screen": None, "fit": None}
 
 
 def test_a_start_that_cannot_be_evaluated_loses_instead_of_stopping_the_fit(monkeypatch):
