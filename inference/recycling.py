@@ -9,20 +9,24 @@
 The exported module keeps the data columns (feature and target names, units) the modules share.
 
 Initialisation: Z_* are k-means centres of all modules' inducing inputs (and of the raw inputs),
-or a grid over their span; ψ_* takes the median of the modules' hyperparameters, lengthscales at
-most the spread of the modules' inducing inputs; q(v) starts at
+or a grid over their span; ψ_* takes the median of the modules' hyperparameters and, where a
+lengthscale is longer than the spread of the modules' inducing inputs, the meta-GP is fitted from
+that too, capped (:func:`capped_lengthscales`), keeping the higher bound; q(v) starts at
 the collapsed optimum for these (when the bound is bounded). :func:`recycle_multioutput` does the
 same for the LMC meta-GP.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 from pyrogp_models.inference.fit_result import Fit
+from pyrogp_models.inference.restarts import best_start
 from pyrogp_models.inference.train_config import COLLAPSED_CONFIG, UNCOLLAPSED_CONFIG, TrainConfig
 from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 
@@ -149,14 +153,20 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
         inducing = initial_inducing(points, num_inducing, spec.inducing_init, config.seed)
         kernel = initial_global_kernel(stack, spec, inducing.shape[-1], standardisation,
                                        likelihood is None or likelihood.standardise_targets)
-        meta = MetaGP(stack, inducing, kernel, likelihood=likelihood, raw_X=raw_X, raw_y=raw_y,
-                      collapsed=collapsed, learn_inducing=spec.learn_inducing,
-                      learn_kernel=spec.learn_kernel, jitter=spec.jitter,
-                      on_unbounded=spec.on_unbounded, check_every=config.window,
-                      standardisation=standardisation)
-        if meta.check_bounded() > 0:
-            meta.set_optimal_posterior()
-        result = _train_if_trainable(meta, config)
+        capped = (capped_lengthscales(kernel, stack, keep_given=spec.kernel is not None)
+                  if stack is not None and spec.learn_kernel else None)
+        fits = []
+        for start in [kernel] + ([capped] if capped is not None else []):
+            meta = MetaGP(stack, inducing, start, likelihood=copy.deepcopy(likelihood),
+                          raw_X=raw_X, raw_y=raw_y, collapsed=collapsed,
+                          learn_inducing=spec.learn_inducing, learn_kernel=spec.learn_kernel,
+                          jitter=spec.jitter, on_unbounded=spec.on_unbounded,
+                          check_every=config.window, standardisation=standardisation)
+            if meta.check_bounded() > 0:
+                meta.set_optimal_posterior()
+            fits.append((meta, _train_if_trainable(meta, config)))
+        bounds = torch.tensor([-result.final_loss for _, result in fits], dtype=torch.float64)
+        meta, result = fits[int(best_start(bounds.nan_to_num(-math.inf)))]
         meta.check_bounded()
         module = meta.to_module(spec.likelihood, None, spec.likelihood_params, spec.name)
     provenance = {"num_inducing": num_inducing, "collapsed": collapsed,
@@ -225,12 +235,10 @@ def initial_global_kernel(stack: ModuleStack | None, spec: RecycleSpec, input_di
     kernel whose given values are in data units; each value it does not give starts at the
     median of the modules' values for a leaf of the same kind (else its default) — or, without
     one, the kernel structure most modules share with the median of their values (an RBF of
-    lengthscale and variance 1 without modules); lengthscales not given start at most at the
-    spread of the modules' inducing inputs (:func:`_cap_lengthscales`)."""
+    lengthscale and variance 1 without modules)."""
     ard = spec.ard if spec.ard is not None else stack is not None and any(
         getattr(leaf, "ard", False) for m in stack.modules.values() for _, leaf in m.kernel.parts())
-    given = spec.kernel is not None
-    if not given:
+    if spec.kernel is None:
         kernel = stack.most_common_kernel() if stack is not None else None
         if kernel is None:
             kernel = resolve_kernel("rbf", input_dim, ard)
@@ -239,29 +247,34 @@ def initial_global_kernel(stack: ModuleStack | None, spec: RecycleSpec, input_di
                                        standardisation, standardise_targets)
         if stack is not None:
             _fill_from_modules(kernel, stack)
-    if stack is not None:
-        _cap_lengthscales(kernel, stack, keep_given=given)
     return kernel.to(dtype=spec.dtype, device=spec.device)
 
 
-def _cap_lengthscales(kernel: Kernel, stack: ModuleStack, keep_given: bool) -> None:
-    """Start every lengthscale (not given by the user) at most at the spread of the modules'
-    inducing inputs (their standard deviation per dimension, model units). Modules of narrow
-    partitions that see only noise end at lengthscales far beyond their span; their median
-    (2814 in data units on 10⁶ points in 5000 partitions of [0, 5]) started a meta-GP that is
-    constant over its inputs, whose bound is flat there: it settled at a variance of 0.08 (bound
-    −48 041, RMSE against f 0.67) where a start at the spread reaches 13 013 (RMSE 0.016)."""
+def capped_lengthscales(kernel: Kernel, stack: ModuleStack, keep_given: bool) -> Kernel | None:
+    """A second start for the meta-GP: ``kernel`` with every lengthscale (not given by the user)
+    at most the spread of the modules' inducing inputs (their standard deviation per dimension,
+    model units); None when none is longer. :func:`recycle` fits from both and keeps the higher
+    bound. Modules of narrow partitions that see only noise end at lengthscales far beyond their
+    span: from their median (2814 data units on 10⁶ points in 5000 partitions of [0, 5]) the
+    meta-GP, constant over its inputs, settled at a variance of 0.08 (bound −48 041, RMSE against
+    f 0.67), from the spread at 13 013 (RMSE 0.016); on log AirPassengers (8 blocks) the median's
+    start ends higher (36.8 against 32.2)."""
     points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
     spread = points.std(0) if len(points) > 1 else torch.ones_like(points[0])
-    for _, leaf in kernel.parts():
+    capped, changed = copy.deepcopy(kernel), False
+    for _, leaf in capped.parts():
         if not isinstance(leaf, Leaf):
             continue
         for h in leaf.hyperparameters:
             if h.role is not Role.INPUT_SCALE or (keep_given and h.name in leaf.given):
                 continue
-            value = getattr(leaf, h.name)
+            value = getattr(leaf, h.name).detach()
             cap = _shaped(spread[list(leaf.active_dims)].to(value), leaf.value_shape(h))
-            leaf.assign(h.name, torch.minimum(value.detach(), cap.clamp_min(MIN_SPREAD)))
+            cap = cap.clamp_min(MIN_SPREAD)
+            if bool((value > cap).any()):
+                leaf.assign(h.name, torch.minimum(value, cap))
+                changed = True
+    return capped if changed else None
 
 
 def _fill_from_modules(kernel: Kernel, stack: ModuleStack) -> None:
@@ -332,8 +345,7 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
     """Fit the LMC meta-GP with ``num_latent`` latent functions and M inducing inputs each
     (:func:`global_inducing`), one output per module.
 
-    Every latent starts with the k-means Z_* and the modules' median lengthscale (at most their
-    spread, :func:`initial_global_kernel`); the mixing
+    Every latent starts with the k-means Z_* and the modules' median lengthscale; the mixing
     weights start from the leading singular vectors of the modules' posterior means at Z_* (see
     :func:`initial_mixing`); q starts at the mean-field optimum.
     """

@@ -331,28 +331,33 @@ def test_a_recycled_meta_gp_recovers_itself(tmp_path):
     assert level_one.num_data == sum(m.num_data for m in modules.values())
 
 
-def test_the_meta_gps_lengthscale_starts_at_most_at_the_spread_of_the_modules_inputs():
-    """Modules that saw only noise end at lengthscales far beyond their span; the meta-GP starts
-    at the spread of their inducing inputs instead of their median, and from modules with short
-    lengthscales at their median; a lengthscale the user gives is kept."""
-    from pyrogp_models.inference.recycling import initial_global_kernel
+def test_a_second_start_caps_the_meta_gps_lengthscales_at_the_spread_of_the_modules_inputs():
+    """Modules that saw only noise end at lengthscales far beyond their span; the meta-GP is then
+    also fitted from a start at the spread of their inducing inputs (not from modules with short
+    lengthscales, nor over a lengthscale the user gives)."""
+    from pyrogp_models.inference.recycling import capped_lengthscales, initial_global_kernel
 
-    def start(lengthscale, kernel=None):
-        modules = {f"m{k}": make_module(f"m{k}", torch.linspace(k, k + 0.5, 4).unsqueeze(-1),
-                                        torch.zeros(4), 0.5 * torch.eye(4),
-                                        lengthscale=lengthscale)
-                   for k in range(6)}
+    def modules_with(lengthscale):
+        return {f"m{k}": make_module(f"m{k}", torch.linspace(k, k + 0.5, 4).unsqueeze(-1),
+                                     torch.zeros(4), 0.5 * torch.eye(4),
+                                     lengthscale=lengthscale)
+                for k in range(6)}
+
+    def starts(lengthscale, kernel=None):
+        modules = modules_with(lengthscale)
         stack = ModuleStack.from_modules(modules)
+        median = initial_global_kernel(stack, RecycleSpec(kernel=kernel), 1, IDENTITY, True)
+        capped = capped_lengthscales(median, stack, keep_given=kernel is not None)
         spread = torch.cat([m.inducing.reshape(-1) for m in modules.values()]).std()
-        value = initial_global_kernel(stack, RecycleSpec(kernel=kernel), 1, IDENTITY,
-                                      True).lengthscale
-        return float(value.reshape(-1)[0]), float(spread)
+        return (float(median.lengthscale.detach().reshape(-1)[0]),
+                None if capped is None else float(capped.lengthscale.detach().reshape(-1)[0]),
+                float(spread))
 
-    long_start, spread = start(1e4)
-    assert long_start == pytest.approx(spread, rel=1e-12)
-    assert start(1e4, "rbf")[0] == pytest.approx(spread, rel=1e-12)
-    assert start(0.3)[0] == pytest.approx(0.3, rel=1e-12)
-    assert start(1e4, "rbf(lengthscale=50)")[0] == pytest.approx(50.0, rel=1e-12)
+    median, capped, spread = starts(1e4)
+    assert median == pytest.approx(1e4) and capped == pytest.approx(spread, rel=1e-12)
+    assert starts(1e4, "rbf")[1] == pytest.approx(spread, rel=1e-12)
+    assert starts(0.3)[1] is None
+    assert starts(1e4, "rbf(lengthscale=50)")[1] is None
 
 
 # Boundedness guard --------------------------------------------------------------------------------
