@@ -348,8 +348,7 @@ def _hyper(module: Module) -> dict:
 # 2. Cost in K -----------------------------------------------------------------------------------
 def _meta_for_timing(stack: ModuleStack, num_inducing: int, collapsed: bool) -> MetaGP:
     """A meta-GP initialised exactly as :func:`recycle` does (k-means Z_*, median ψ)."""
-    points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
-    inducing = initial_inducing(points, num_inducing, "kmeans", 0)
+    inducing = initial_inducing(stack.inducing_points, num_inducing, "kmeans", 0)
     kernel = initial_global_kernel(stack, RecycleSpec(num_inducing=num_inducing),
                                    inducing.shape[-1], stack.standardisation, True)
     meta = MetaGP(stack, inducing, kernel, collapsed=collapsed)

@@ -9,18 +9,19 @@
 The exported module keeps the data columns (feature and target names, units) the modules share.
 
 Initialisation: Z_* are k-means centres of all modules' inducing inputs (and of the raw inputs),
-or a grid over their span; ψ_* takes the median of the modules' hyperparameters and, where a
-lengthscale is longer than the spread of the modules' inducing inputs, the meta-GP is fitted from
-that too, capped (:func:`capped_lengthscales`), keeping the higher bound; q(v) starts at
-the collapsed optimum for these (when the bound is bounded). :func:`recycle_multioutput` does the
-same for the LMC meta-GP.
+or a grid over their span; ψ_* starts at the median of the modules' hyperparameters and, where a
+lengthscale is longer than the spread of the modules' inducing inputs, also at that spread
+(:func:`global_kernel_starts`); the meta-GP is fitted from each start and the higher bound kept
+(:func:`best_fit`). q(v) starts at the collapsed optimum (when the bound is bounded).
+:func:`recycle_multioutput` does the same for the LMC meta-GP.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -33,11 +34,11 @@ from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.inducing import default_num_inducing, init_inducing
-from pyrogp_models.errors import DataError
+from pyrogp_models.errors import DataError, UnboundedBoundError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.kernels import Kernel, Leaf, Role, Stationary, kernel_text, resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS, make_likelihood
-from pyrogp_models.models.local.initialisation import MIN_SPREAD
+from pyrogp_models.models.local.initialisation import input_spread
 from pyrogp_models.models.meta.meta_gp import MetaGP, choose_likelihood, common_likelihood
 from pyrogp_models.models.meta.multioutput import MultiOutputMetaGP
 from pyrogp_models.modules.predictor import Predictor
@@ -146,28 +147,22 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
         likelihood, raw_X, raw_y, standardisation = _raw_data_terms(stack, raw_data, spec)
         if raw_data is None:  # the likelihood to export is chosen (or refused) before training
             choose_likelihood(stack, None, spec.likelihood, None, spec.likelihood_params)
-        points = torch.cat([*(g.inducing.reshape(-1, g.inducing.shape[-1]) for g in
-                              (stack.groups if stack is not None else ())),
+        points = torch.cat([*([stack.inducing_points] if stack is not None else []),
                             *([raw_X] if raw_X is not None else [])])
         num_inducing = global_inducing(spec, points)
         inducing = initial_inducing(points, num_inducing, spec.inducing_init, config.seed)
         kernel = initial_global_kernel(stack, spec, inducing.shape[-1], standardisation,
                                        likelihood is None or likelihood.standardise_targets)
-        capped = (capped_lengthscales(kernel, stack, keep_given=spec.kernel is not None)
-                  if stack is not None and spec.learn_kernel else None)
-        fits = []
-        for start in [kernel] + ([capped] if capped is not None else []):
-            meta = MetaGP(stack, inducing, start, likelihood=copy.deepcopy(likelihood),
-                          raw_X=raw_X, raw_y=raw_y, collapsed=collapsed,
-                          learn_inducing=spec.learn_inducing, learn_kernel=spec.learn_kernel,
-                          jitter=spec.jitter, on_unbounded=spec.on_unbounded,
-                          check_every=config.window, standardisation=standardisation)
-            if meta.check_bounded() > 0:
-                meta.set_optimal_posterior()
-            fits.append((meta, _train_if_trainable(meta, config)))
-        bounds = torch.tensor([-result.final_loss for _, result in fits], dtype=torch.float64)
-        meta, result = fits[int(best_start(bounds.nan_to_num(-math.inf)))]
-        meta.check_bounded()
+
+        def fit_from(start: Kernel) -> tuple[MetaGP, TrainResult]:
+            return _trained(MetaGP(
+                stack, inducing, start, likelihood=copy.deepcopy(likelihood), raw_X=raw_X,
+                raw_y=raw_y, collapsed=collapsed, learn_inducing=spec.learn_inducing,
+                learn_kernel=spec.learn_kernel, jitter=spec.jitter,
+                on_unbounded=spec.on_unbounded, check_every=config.window,
+                standardisation=standardisation), config)
+
+        meta, result = best_fit(global_kernel_starts(kernel, stack, spec), fit_from)
         module = meta.to_module(spec.likelihood, None, spec.likelihood_params, spec.name)
     provenance = {"num_inducing": num_inducing, "collapsed": collapsed,
                   "site_repairs": repairs, "train_steps": result.steps,
@@ -250,17 +245,28 @@ def initial_global_kernel(stack: ModuleStack | None, spec: RecycleSpec, input_di
     return kernel.to(dtype=spec.dtype, device=spec.device)
 
 
-def capped_lengthscales(kernel: Kernel, stack: ModuleStack, keep_given: bool) -> Kernel | None:
-    """A second start for the meta-GP: ``kernel`` with every lengthscale (not given by the user)
-    at most the spread of the modules' inducing inputs (their standard deviation per dimension,
-    model units); None when none is longer. :func:`recycle` fits from both and keeps the higher
-    bound. Modules of narrow partitions that see only noise end at lengthscales far beyond their
-    span: from their median (2814 data units on 10⁶ points in 5000 partitions of [0, 5]) the
-    meta-GP, constant over its inputs, settled at a variance of 0.08 (bound −48 041, RMSE against
-    f 0.67), from the spread at 13 013 (RMSE 0.016); on log AirPassengers (8 blocks) the median's
-    start ends higher (36.8 against 32.2)."""
-    points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
-    spread = points.std(0) if len(points) > 1 else torch.ones_like(points[0])
+def global_kernel_starts(kernel: Kernel, stack: ModuleStack | None, spec: RecycleSpec
+                         ) -> list[Kernel]:
+    """The starts of the meta-GP's kernel: ``kernel`` (:func:`initial_global_kernel`) and, when
+    kernels are learned, the same with its lengthscales capped at the spread of the modules'
+    inducing inputs if any is longer (:func:`capped_lengthscales`)."""
+    if stack is None or not spec.learn_kernel:
+        return [kernel]
+    spread = input_spread(stack.inducing_points, torch.ones_like(stack.inducing_points[:, 0],
+                                                                 dtype=torch.bool))
+    capped = capped_lengthscales(kernel, spread, keep_given=spec.kernel is not None)
+    return [kernel] if capped is None else [kernel, capped]
+
+
+def capped_lengthscales(kernel: Kernel, spread: torch.Tensor, keep_given: bool
+                        ) -> Kernel | None:
+    """``kernel`` with every lengthscale (not given by the user, with ``keep_given``) at most
+    ``spread`` [D] (model units); None when none is longer. Modules of narrow partitions that see
+    only noise end at lengthscales far beyond their span: from their median (2814 data units on
+    10⁶ points in 5000 partitions of [0, 5]) the meta-GP, constant over its inputs, settled at a
+    variance of 0.08 (bound −48 041, RMSE against f 0.67), from the spread of the modules'
+    inducing inputs at 13 013 (RMSE 0.016); on log AirPassengers (8 blocks) the median's start
+    ends higher (36.8 against 32.2)."""
     capped, changed = copy.deepcopy(kernel), False
     for _, leaf in capped.parts():
         if not isinstance(leaf, Leaf):
@@ -270,11 +276,40 @@ def capped_lengthscales(kernel: Kernel, stack: ModuleStack, keep_given: bool) ->
                 continue
             value = getattr(leaf, h.name).detach()
             cap = _shaped(spread[list(leaf.active_dims)].to(value), leaf.value_shape(h))
-            cap = cap.clamp_min(MIN_SPREAD)
             if bool((value > cap).any()):
                 leaf.assign(h.name, torch.minimum(value, cap))
                 changed = True
     return capped if changed else None
+
+
+FitFromStart = Callable[[Kernel], tuple[torch.nn.Module, TrainResult]]
+
+
+def best_fit(starts: Sequence[Kernel], fit_from: FitFromStart
+             ) -> tuple[torch.nn.Module, TrainResult]:
+    """The fit from the start with the highest final bound, fitted in turn: a later start replaces
+    the best so far only if it ends higher by more than the restart margin
+    (:func:`~pyrogp_models.inference.restarts.best_start`), and the loser is freed at once. A
+    start whose bound turns out unbounded is skipped with a warning while another start is
+    bounded; when none is, the first start's error is raised."""
+    best, error = None, None
+    for start in starts:
+        try:
+            fit = fit_from(start)
+        except UnboundedBoundError as unbounded:
+            error = error or unbounded
+            continue
+        if best is None:
+            best = fit
+            continue
+        bounds = torch.tensor([-best[1].final_loss, -fit[1].final_loss], dtype=torch.float64)
+        if int(best_start(bounds.nan_to_num(-math.inf))) == 1:
+            best = fit
+    if best is None:
+        raise error
+    if error is not None:
+        warnings.warn(f"a start of the meta-GP's kernel was skipped: {error}", stacklevel=2)
+    return best
 
 
 def _fill_from_modules(kernel: Kernel, stack: ModuleStack) -> None:
@@ -318,6 +353,16 @@ def initial_mixing(stack: ModuleStack, inducing: torch.Tensor, num_latent: int,
     return mixing
 
 
+def _trained(meta, config: TrainConfig) -> tuple[torch.nn.Module, TrainResult]:
+    """A meta-GP from its start: q(v) at the collapsed optimum (when the bound is bounded), then
+    trained; its boundedness checked again after training."""
+    if meta.check_bounded() > 0:
+        meta.set_optimal_posterior()
+    result = _train_if_trainable(meta, config)
+    meta.check_bounded()
+    return meta, result
+
+
 def _train_if_trainable(module, config: TrainConfig) -> TrainResult:
     """Train, or (nothing to learn) record the current loss."""
     if any(p.requires_grad for p in module.parameters()):
@@ -345,9 +390,10 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
     """Fit the LMC meta-GP with ``num_latent`` latent functions and M inducing inputs each
     (:func:`global_inducing`), one output per module.
 
-    Every latent starts with the k-means Z_* and the modules' median lengthscale; the mixing
-    weights start from the leading singular vectors of the modules' posterior means at Z_* (see
-    :func:`initial_mixing`); q starts at the mean-field optimum.
+    Every latent starts with the k-means Z_* and the modules' median lengthscale (fitted also
+    from that capped at the spread of their inducing inputs: :func:`global_kernel_starts`); the
+    mixing weights start from the leading singular vectors of the modules' posterior means at
+    Z_* (see :func:`initial_mixing`); q starts at the mean-field optimum.
     """
     spec = spec or RecycleSpec()
     config = config or UNCOLLAPSED_CONFIG
@@ -356,7 +402,7 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
                                          device=spec.device)
         if spec.repair_sites:
             stack, _ = clip_site_precisions(stack)
-        points = torch.cat([g.inducing.reshape(-1, g.inducing.shape[-1]) for g in stack.groups])
+        points = stack.inducing_points
         inducing = initial_inducing(points, global_inducing(spec, points), spec.inducing_init,
                                     config.seed)
         kernel = initial_global_kernel(stack, spec, inducing.shape[-1], stack.standardisation,
@@ -365,13 +411,14 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
             raise ValueError("the multi-output meta-GP's latent functions take one stationary "
                              "kernel (rbf, matern12, matern32, matern52), not "
                              f"{kernel_text(kernel)}")
-        meta = MultiOutputMetaGP(stack, inducing.expand(num_latent, -1, -1), kernel.family,
-                                 kernel.lengthscale.detach().expand(num_latent, -1),
-                                 initial_mixing(stack, inducing, num_latent, config.seed),
-                                 learn_inducing=spec.learn_inducing, jitter=spec.jitter,
-                                 on_unbounded=spec.on_unbounded, check_every=config.window)
-        if meta.check_bounded() > 0:
-            meta.set_optimal_posterior()
-        result = _train_if_trainable(meta, config)
-        meta.check_bounded()
+        mixing = initial_mixing(stack, inducing, num_latent, config.seed)
+
+        def fit_from(start: Stationary) -> tuple[MultiOutputMetaGP, TrainResult]:
+            return _trained(MultiOutputMetaGP(
+                stack, inducing.expand(num_latent, -1, -1), start.family,
+                start.lengthscale.detach().expand(num_latent, -1), mixing.clone(),
+                learn_inducing=spec.learn_inducing, jitter=spec.jitter,
+                on_unbounded=spec.on_unbounded, check_every=config.window), config)
+
+        meta, result = best_fit(global_kernel_starts(kernel, stack, spec), fit_from)
     return RecycledMultiOutput(meta, result)

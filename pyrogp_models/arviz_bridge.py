@@ -3,23 +3,21 @@
 Draws come from SVI guides or other single-chain samplers, so every sampled array has leading
 axis ``draw`` and the converter prepends a chain axis of length one: (draw, ...) → (1, draw, ...).
 Everything else in the package should go through these helpers rather than call ``arviz``
-directly, so that only this file knows which ArviZ generation is installed.
+directly, so that only this file knows which ArviZ generation is installed. ArviZ (with xarray
+and scipy.stats, about 2 s) is imported on first use, so that commands and scripts that never
+build an ArviZ container start without it.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import xarray as xr
-
-with warnings.catch_warnings():
-    # ArviZ 0.x announces its 1.x refactor on import; this module is the answer to it.
-    warnings.simplefilter("ignore", FutureWarning)
-    import arviz as az
 
 __all__ = [
     "ARVIZ_MAJOR",
@@ -31,7 +29,17 @@ __all__ = [
     "to_inference_data",
 ]
 
-ARVIZ_MAJOR: int = int(az.__version__.split(".", 1)[0])
+ARVIZ_MAJOR: int = int(importlib.metadata.version("arviz").split(".", 1)[0])
+
+
+@functools.cache
+def _arviz():
+    """The ``arviz`` module, imported once, on first use."""
+    with warnings.catch_warnings():
+        # ArviZ 0.x announces its 1.x refactor on import; this module is the answer to it.
+        warnings.simplefilter("ignore", FutureWarning)
+        import arviz
+    return arviz
 
 
 def _to_numpy(x) -> np.ndarray:
@@ -82,14 +90,16 @@ def to_inference_data(
         groups["observed_data"] = {k: _to_numpy(v) for k, v in observed_data.items()}
     dims = None if dims is None else {k: list(v) for k, v in dims.items()}
     if ARVIZ_MAJOR >= 1:  # pragma: no cover - ArviZ ≥ 1 needs Python ≥ 3.12
-        return az.from_dict(groups, dims=dims, coords=coords)
-    return az.from_dict(**groups, dims=dims, coords=coords)
+        return _arviz().from_dict(groups, dims=dims, coords=coords)
+    return _arviz().from_dict(**groups, dims=dims, coords=coords)
 
 
-def group(idata, name: str) -> xr.Dataset:
+def group(idata, name: str):
     """The ``xarray.Dataset`` of group ``name`` (e.g. ``"posterior"``); KeyError if absent."""
+    import xarray
+
     node = idata[name]
-    return node.to_dataset() if isinstance(node, xr.DataTree) else node
+    return node.to_dataset() if isinstance(node, xarray.DataTree) else node
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,7 @@ def loo(idata, var_name: str | None = None) -> LooResult:
     Wraps ``az.loo(idata, pointwise=True)``; ``var_name`` picks the log-likelihood variable
     when there are several.
     """
-    raw = az.loo(idata, pointwise=True, var_name=var_name)
+    raw = _arviz().loo(idata, pointwise=True, var_name=var_name)
     if ARVIZ_MAJOR >= 1:  # pragma: no cover - ArviZ ≥ 1 needs Python ≥ 3.12
         elpd, se, p, loo_i = raw.elpd, raw.se, raw.p, raw.elpd_i
         pareto_k, warning = raw.pareto_k, raw.warning
@@ -142,8 +152,8 @@ def loo_pit(idata, y_name: str) -> np.ndarray:
     log_likelihood alike.
     """
     if ARVIZ_MAJOR >= 1:  # pragma: no cover - ArviZ ≥ 1 needs Python ≥ 3.12
-        return np.asarray(az.loo_pit(idata, var_names=[y_name])[y_name])
-    return np.asarray(az.loo_pit(idata, y=y_name))
+        return np.asarray(_arviz().loo_pit(idata, var_names=[y_name])[y_name])
+    return np.asarray(_arviz().loo_pit(idata, y=y_name))
 
 
 def summary(idata, var_names: Sequence[str] | None = None, round_to: int | str = "none"):
@@ -153,4 +163,4 @@ def summary(idata, var_names: Sequence[str] | None = None, round_to: int | str =
     single chain R̂ is not meaningful.
     """
     names = None if var_names is None else list(var_names)
-    return az.summary(idata, var_names=names, round_to=round_to)
+    return _arviz().summary(idata, var_names=names, round_to=round_to)

@@ -89,6 +89,30 @@ def test_fit_info_predict_evaluate_round_trip(capsys, folder, regression_csv,
     assert "nlpd" in text and "rmse" in text
 
 
+
+def test_info_json_gives_each_module_with_its_noise_in_data_units(capsys, folder,
+                                                                   contiguous_modules):
+    """The noise variance --json gives is the gap between the module's predictive variances of y
+    and of f in data units (f's is in model units: times s_y²); a distributed-kernel file is
+    refused in one line."""
+    summary = json.loads(run_ok(capsys, "info", contiguous_modules, "--json"))
+    modules = load_modules(contiguous_modules)
+    assert [row["name"] for row in summary["modules"]] == list(modules)
+    assert summary["partition_rule"]["kind"] == "contiguous"
+    assert summary["columns"] == {"features": ["x1", "x2"], "target": "y"}
+    X = torch.tensor([[5.0, 0.0]], dtype=torch.float64)
+    for row in summary["modules"]:
+        module = modules[row["name"]]
+        scale = module.standardisation.y_scale
+        noise = float(module.predict_y(X)[1] - scale ** 2 * module.predict_f(X)[1])
+        assert row["likelihood"]["variance"] == pytest.approx(noise, rel=1e-8)
+        assert (row["num_data"], row["num_inducing"]) == (module.num_data, module.num_inducing)
+    distkernel = folder / "info_json.safetensors"
+    assert main(["fit-distkernel", str(folder / "regression.csv"), "--target", "y",
+                 "--features", "x1,x2", "--steps", "5", "--out", str(distkernel)]) == 0
+    capsys.readouterr()
+    assert "--json describes module files" in run_failing(capsys, "info", distkernel, "--json")
+
 def test_contiguous_folder_predicts_each_point_with_the_module_of_its_block(
         capsys, folder, regression_csv, contiguous_modules):
     out = folder / "routed.npz"

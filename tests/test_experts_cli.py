@@ -70,6 +70,14 @@ def test_without_a_count_there_are_about_default_points_per_expert(monkeypatch, 
     assert len(load_modules(out)) == 3  # ceil(200 / 70)
 
 
+def test_combine_without_a_rule_is_the_rbcm_with_entropy_weights(folder, data, experts):
+    default, rbcm = folder / "default.csv", folder / "rbcm.csv"
+    assert main(["combine", str(experts), "--data", str(data[1]), "--out", str(default)]) == 0
+    assert main(["predict", str(experts), "--rule", "rbcm", "--weights", "entropy",
+                 "--data", str(data[1]), "--out", str(rbcm)]) == 0
+    assert default.read_bytes() == rbcm.read_bytes()
+
+
 def test_combine_matches_predict_and_evaluate(folder, data, experts, capsys):
     combined, predicted = folder / "combined.csv", folder / "predicted.csv"
     rule = ["--rule", "gpoe", "--weights", "softmax-var", "--temperature", "10"]

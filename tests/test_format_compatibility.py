@@ -5,8 +5,10 @@ load, describe and predict as they did.
 module folder (fit-local), a meta-GP (recycle), a distributed-kernel and a multitask file, and
 what its ``info`` and ``predict`` printed and wrote for each. Those outputs were computed by the
 old code, so they pin the new reader to the old one: same text, same predictions. The module
-tables' kernel column is the one deliberate change since: the kernel tree with its values in
-data units (format 3) where 0.1.0 printed the first lengthscale and the variance standardised.
+tables' kernel and likelihood columns are the deliberate changes since: the kernel tree with its
+values in data units (format 3) where 0.1.0 printed the first lengthscale and the variance
+standardised, and the Gaussian noise variance in data units too (0.1.0's times s_y²: 0.441 ×
+0.6186² = 0.169 for part000).
 """
 
 from __future__ import annotations

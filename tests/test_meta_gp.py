@@ -11,7 +11,7 @@ import pytest
 import torch
 from pyrogp_models.inference.local_fit import LocalFitSpec, fit_local
 from pyrogp_models.inference.recycling import RawData, RecycleSpec, recycle
-from pyrogp_models.inference.trainer import TrainConfig, train
+from pyrogp_models.inference.trainer import TrainConfig, TrainResult, train
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from pyrogp_models.data import Standardisation, load_sunspots
@@ -334,8 +334,8 @@ def test_a_recycled_meta_gp_recovers_itself(tmp_path):
 def test_a_second_start_caps_the_meta_gps_lengthscales_at_the_spread_of_the_modules_inputs():
     """Modules that saw only noise end at lengthscales far beyond their span; the meta-GP is then
     also fitted from a start at the spread of their inducing inputs (not from modules with short
-    lengthscales, nor over a lengthscale the user gives)."""
-    from pyrogp_models.inference.recycling import capped_lengthscales, initial_global_kernel
+    lengthscales, nor over a lengthscale the user gives, nor when kernels are not learned)."""
+    from pyrogp_models.inference.recycling import global_kernel_starts, initial_global_kernel
 
     def modules_with(lengthscale):
         return {f"m{k}": make_module(f"m{k}", torch.linspace(k, k + 0.5, 4).unsqueeze(-1),
@@ -343,21 +343,46 @@ def test_a_second_start_caps_the_meta_gps_lengthscales_at_the_spread_of_the_modu
                                      lengthscale=lengthscale)
                 for k in range(6)}
 
-    def starts(lengthscale, kernel=None):
+    def starts(lengthscale, **spec):
         modules = modules_with(lengthscale)
         stack = ModuleStack.from_modules(modules)
-        median = initial_global_kernel(stack, RecycleSpec(kernel=kernel), 1, IDENTITY, True)
-        capped = capped_lengthscales(median, stack, keep_given=kernel is not None)
-        spread = torch.cat([m.inducing.reshape(-1) for m in modules.values()]).std()
-        return (float(median.lengthscale.detach().reshape(-1)[0]),
-                None if capped is None else float(capped.lengthscale.detach().reshape(-1)[0]),
-                float(spread))
+        spec = RecycleSpec(**spec)
+        median = initial_global_kernel(stack, spec, 1, IDENTITY, True)
+        return [float(start.lengthscale.detach().reshape(-1)[0])
+                for start in global_kernel_starts(median, stack, spec)]
 
-    median, capped, spread = starts(1e4)
-    assert median == pytest.approx(1e4) and capped == pytest.approx(spread, rel=1e-12)
-    assert starts(1e4, "rbf")[1] == pytest.approx(spread, rel=1e-12)
-    assert starts(0.3)[1] is None
-    assert starts(1e4, "rbf(lengthscale=50)")[1] is None
+    spread = float(torch.cat([make_module(f"m{k}", torch.linspace(k, k + 0.5, 4).unsqueeze(-1),
+                                          torch.zeros(4), 0.5 * torch.eye(4)).inducing.reshape(-1)
+                              for k in range(6)]).std(correction=0))
+    assert starts(1e4) == pytest.approx([1e4, spread], rel=1e-12)
+    assert starts(1e4, kernel="rbf")[1] == pytest.approx(spread, rel=1e-12)
+    assert starts(0.3) == pytest.approx([0.3])
+    assert starts(1e4, kernel="rbf(lengthscale=50)") == pytest.approx([50.0])
+    assert starts(1e4, learn_kernel=False) == pytest.approx([1e4])
+
+
+def test_the_meta_gp_keeps_the_start_with_the_higher_bound_and_skips_an_unbounded_one():
+    """best_fit: the first start unless a later one ends higher by more than the restart margin;
+    a start that leaves the bounded region is skipped with a warning; all unbounded: the error."""
+    from pyrogp_models.inference.recycling import best_fit
+    from pyrogp_models.inference.restarts import MARGIN
+
+    def fit_from(final_losses):
+        def fit(start):
+            if final_losses[start] is None:
+                raise UnboundedBoundError(f"start {start} is unbounded")
+            return f"model {start}", TrainResult(losses=[final_losses[start]], converged=True,
+                                                 steps=1)
+        return fit
+
+    assert best_fit([0, 1], fit_from([100.0, 50.0]))[0] == "model 1"
+    assert best_fit([0, 1], fit_from([50.0, 100.0]))[0] == "model 0"
+    assert best_fit([0, 1], fit_from([100.0, 100.0 * (1 - MARGIN / 2)]))[0] == "model 0"
+    assert best_fit([0, 1, 2], fit_from([100.0, 80.0, 60.0]))[0] == "model 2"
+    with pytest.warns(UserWarning, match="start 0 is unbounded"):
+        assert best_fit([0, 1], fit_from([None, 100.0]))[0] == "model 1"
+    with pytest.raises(UnboundedBoundError, match="start 0"):
+        best_fit([0, 1], fit_from([None, None]))
 
 
 # Boundedness guard --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """``pyrogp combine``: predictions of a module folder's experts combined by one rule.
 
-The same output as ``pyrogp predict DIR --rule RULE``; this command only makes the rule required.
+The same output as ``pyrogp predict DIR --rule RULE``, with a rule by default
+(:data:`~pyrogp_models.inference.commands.arguments.DEFAULT_RULE`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from pyrogp_models.inference.commands import predict
-from pyrogp_models.inference.commands.arguments import add_rule_arguments
+from pyrogp_models.inference.commands.arguments import DEFAULT_RULE, add_rule_arguments
 
 NAME = "combine"
 HELP = "predict the rows of a data file by combining every module of a folder with one rule"
@@ -17,7 +18,7 @@ HELP = "predict the rows of a data file by combining every module of a folder wi
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("modules", metavar="DIR", type=Path, help="a folder of modules (experts)")
-    add_rule_arguments(parser, required=True)
+    add_rule_arguments(parser, default=DEFAULT_RULE)
     parser.add_argument("--data", required=True, type=Path, help="CSV (with header) or .npz")
     predict.add_out(parser, "PRED")
 

@@ -16,8 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true",
                         help="list every module (default: a summary of a large set)")
     parser.add_argument("--json", action="store_true",
-                        help="a multitask file: print its summary (model, tasks, final ELBO, "
-                             "fit phases) as JSON")
+                        help="print the summary as JSON: of a module file or folder (every "
+                             "module's size, kernel and Gaussian noise in data units, ELBO, "
+                             "flags; the partition rule) or of a multitask file (model, tasks, "
+                             "final ELBO, fit phases)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +36,13 @@ def _print_json(path: Path) -> int:
     from pyrogp_models.errors import DataError
     from pyrogp_models.models.multitask.description import multitask_summary
 
-    if io.format_of(path).name != "pyrogp-multitask":
-        raise DataError(f"--json describes multitask files; {path} is not one")
-    print(json.dumps(multitask_summary(io.load(path)), indent=1))
+    fmt = io.format_of(path)
+    if fmt.name == "pyrogp-multitask":
+        summary = multitask_summary(io.load(path))
+    elif fmt.holds_modules:
+        summary = io.load(path).summary()
+    else:
+        raise DataError("--json describes module files, module folders and multitask files; "
+                        f"{path} is {fmt.noun}")
+    print(json.dumps(summary, indent=1))
     return 0

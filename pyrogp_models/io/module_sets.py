@@ -60,10 +60,23 @@ class ModuleSet:
         lines = [table, "", f"partition rule: {rule}"]
         if first.columns.describe():
             lines.append(first.columns.describe())
-        lines.append("the kernel is in data units, Gaussian noise in standardised units; flags: "
-                     "ELBO per point far below the siblings' (outlier), a fit that stopped "
-                     "unconverged")
+        lines.append("the kernel and the Gaussian noise are in data units; flags: ELBO per point "
+                     "far below the siblings' (outlier), a fit that stopped unconverged")
         return "\n".join(lines)
+
+    def summary(self) -> dict[str, Any]:
+        """The modules (size, kernel and Gaussian noise in data units, likelihood, ELBO, flags),
+        the partition rule and the data columns as JSON-able values (``pyrogp info --json``)."""
+        flags = module_flags(self.modules)
+        rows = [{"name": name, "num_data": module.num_data,
+                 "num_inducing": module.num_inducing,
+                 "kernel": kernel_text(module.data_unit_kernel()),
+                 "likelihood": {"name": module.likelihood_name, **module.likelihood_options,
+                                **_data_unit_likelihood_params(module)},
+                 "elbo": module.elbo, "flags": flags.get(name, [])}
+                for name, module in self.modules.items()]
+        return {"modules": rows, "partition_rule": self.rule,
+                "columns": self.first.columns.to_dict()}
 
 
 def load_module_set(path: str | Path) -> ModuleSet:
@@ -114,10 +127,17 @@ def _values(tensor: torch.Tensor) -> str:
     return " | ".join(",".join(format_number(value, 3) for value in row) for row in per_latent)
 
 
+def _data_unit_likelihood_params(module: Module) -> dict[str, list]:
+    """The likelihood's parameters per latent, a Gaussian noise variance in data units (s_y²σ²)."""
+    scale = module.output_scale() ** 2 if module.likelihood_name == "gaussian" else 1.0
+    return {key: (value * scale if key == "variance" else value).tolist()
+            for key, value in module.likelihood_params.items()}
+
+
 def _likelihood(module: Module) -> str:
     options = [f"{key}={module.likelihood_options[key]}" for key in _SHOWN_OPTIONS
                if key in module.likelihood_options]
-    params = [f"{key}={_values(value.reshape(1, -1))}"
-              for key, value in module.likelihood_params.items()]
+    params = [f"{key}={_values(torch.as_tensor(value).reshape(1, -1))}"
+              for key, value in _data_unit_likelihood_params(module).items()]
     settings = ", ".join(options + params)
     return f"{module.likelihood_name}({settings})" if settings else module.likelihood_name

@@ -264,6 +264,11 @@ class ModuleStack:
         return mean, var
 
     @cached_property
+    def inducing_points(self) -> torch.Tensor:
+        """Every module's inducing inputs, group after group, [Σ_k M_k, D] (model units)."""
+        return torch.cat([group.inducing.reshape(-1, self.input_dim) for group in self.groups])
+
+    @cached_property
     def sites(self) -> StackedSites:
         """The site parameters of every module (first latent function) in the stacked layout,
         from :attr:`ModuleGroup.site_roots` and :attr:`ModuleGroup.sites`."""
