@@ -91,10 +91,11 @@ from pyrogp_models.inference.recycling import (  # noqa: E402
 )
 
 from pyrogp_models.data.partitioners import Partition  # noqa: E402
+from pyrogp_models.gaussian.expectations import PADDED_ROWS_MULTIPLE  # noqa: E402
 from pyrogp_models.models.experts import PRESETS, ExpertCombination, ModuleExperts, combine  # noqa: E402
 from pyrogp_models.models.meta.meta_gp import MetaGP  # noqa: E402
 from pyrogp_models.modules.record import Module  # noqa: E402
-from pyrogp_models.modules.stack import ModuleStack  # noqa: E402
+from pyrogp_models.modules.stack import SITE_BLOCK_COLUMNS, ModuleStack  # noqa: E402
 
 #: Targets of the brief.
 TARGET_FIT_SECONDS = 30.0  # one K = 5000 meta-GP fit
@@ -811,9 +812,10 @@ def main(argv=None) -> dict:
             "included).",
             "Objective: both bounds go through their quadratic form in q(v), from each module's "
             "site parameters (P_k = R_k diag(s_k) R_kᵀ, b_k, constants) cached once per stack in "
-            "blocks of up to 4096 module inducing inputs (ModuleStack.sites); the RBF's "
-            "exponent factors of all blocks at once (K_*b = exp(PQᵀ)), then per block one "
-            "autograd step: K_*b, the block product with the R_k, one product with L_**⁻¹ and "
+            f"blocks of up to {SITE_BLOCK_COLUMNS} module inducing inputs (ModuleStack.sites); "
+            "the RBF's exponent factors of all blocks at once (K_*b = exp(PQᵀ)), then per block "
+            "one autograd step: K_*b, the block product with the R_k, one product with L_**⁻¹ "
+            f"(its rows zero-padded to a multiple of {PADDED_ROWS_MULTIPLE}) and "
             "the Gram Aᵀdiag(s)A, and a hand-written backward (one product, M×M algebra and "
             "the factors' thin products). "
             "λ_min(Λ_w) is checked every 5 evaluations on the Λ_w the evaluation computed. Fit "
