@@ -19,7 +19,6 @@ lengthscale is longer than the spread of the modules' inducing inputs, also at t
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -27,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.restarts import best_start
+from pyrogp_models.inference.restarts import replaces
 from pyrogp_models.inference.train_config import COLLAPSED_CONFIG, UNCOLLAPSED_CONFIG, TrainConfig
 from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 
@@ -289,7 +288,7 @@ def best_fit(starts: Sequence[Kernel], fit_from: FitFromStart
              ) -> tuple[torch.nn.Module, TrainResult]:
     """The fit from the start with the highest final bound, fitted in turn: a later start replaces
     the best so far only if it ends higher by more than the restart margin
-    (:func:`~pyrogp_models.inference.restarts.best_start`), and the loser is freed at once. A
+    (:func:`~pyrogp_models.inference.restarts.replaces`), and the loser is freed at once. A
     start whose bound turns out unbounded is skipped with a warning while another start is
     bounded; when none is, the first start's error is raised."""
     best, error = None, None
@@ -302,8 +301,7 @@ def best_fit(starts: Sequence[Kernel], fit_from: FitFromStart
         if best is None:
             best = fit
             continue
-        bounds = torch.tensor([-best[1].final_loss, -fit[1].final_loss], dtype=torch.float64)
-        if int(best_start(bounds.nan_to_num(-math.inf))) == 1:
+        if replaces(-fit[1].final_loss, -best[1].final_loss):
             best = fit
     if best is None:
         raise error

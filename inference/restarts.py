@@ -30,6 +30,7 @@ Values the user gave are kept in every start.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -74,6 +75,14 @@ def best_start(values: torch.Tensor) -> torch.Tensor:
     top = values.max(-1, keepdim=True).values
     near = values >= top - MARGIN * top.abs().clamp_min(1.0)
     return near.to(torch.int8).argmax(-1)  # the first True
+
+
+def replaces(bound: float, best: float) -> bool:
+    """Whether a later start's final ``bound`` replaces the ``best`` so far under
+    :func:`best_start`'s rule: it is higher by more than :data:`MARGIN` (relative); a NaN bound
+    counts as −∞."""
+    bound, best = (-math.inf if math.isnan(value) else value for value in (bound, best))
+    return best < bound - MARGIN * max(abs(bound), 1.0)
 
 
 def number_of_starts(asked: int | None, default: int) -> int:

@@ -72,7 +72,8 @@ class ModuleSet:
                  "num_inducing": module.num_inducing,
                  "kernel": kernel_text(module.data_unit_kernel()),
                  "likelihood": {"name": module.likelihood_name, **module.likelihood_options,
-                                **_data_unit_likelihood_params(module)},
+                                **{key: value.tolist() for key, value
+                                   in _data_unit_likelihood_params(module).items()}},
                  "elbo": module.elbo, "flags": flags.get(name, [])}
                 for name, module in self.modules.items()]
         return {"modules": rows, "partition_rule": self.rule,
@@ -127,17 +128,17 @@ def _values(tensor: torch.Tensor) -> str:
     return " | ".join(",".join(format_number(value, 3) for value in row) for row in per_latent)
 
 
-def _data_unit_likelihood_params(module: Module) -> dict[str, list]:
+def _data_unit_likelihood_params(module: Module) -> dict[str, torch.Tensor]:
     """The likelihood's parameters per latent, a Gaussian noise variance in data units (s_y²σ²)."""
     scale = module.output_scale() ** 2 if module.likelihood_name == "gaussian" else 1.0
-    return {key: (value * scale if key == "variance" else value).tolist()
+    return {key: value * scale if key == "variance" else value
             for key, value in module.likelihood_params.items()}
 
 
 def _likelihood(module: Module) -> str:
     options = [f"{key}={module.likelihood_options[key]}" for key in _SHOWN_OPTIONS
                if key in module.likelihood_options]
-    params = [f"{key}={_values(torch.as_tensor(value).reshape(1, -1))}"
+    params = [f"{key}={_values(value.reshape(1, -1))}"
               for key, value in _data_unit_likelihood_params(module).items()]
     settings = ", ".join(options + params)
     return f"{module.likelihood_name}({settings})" if settings else module.likelihood_name
