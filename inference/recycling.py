@@ -33,7 +33,7 @@ from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.inducing import default_num_inducing, init_inducing
-from pyrogp_models.errors import DataError, UnboundedBoundError
+from pyrogp_models.errors import CholeskyError, DataError, UnboundedBoundError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.kernels import Kernel, Leaf, Role, Stationary, kernel_text, resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS, make_likelihood
@@ -261,11 +261,8 @@ def capped_lengthscales(kernel: Kernel, spread: torch.Tensor, keep_given: bool
                         ) -> Kernel | None:
     """``kernel`` with every lengthscale (not given by the user, with ``keep_given``) at most
     ``spread`` [D] (model units); None when none is longer. Modules of narrow partitions that see
-    only noise end at lengthscales far beyond their span: from their median (2814 data units on
-    10⁶ points in 5000 partitions of [0, 5]) the meta-GP, constant over its inputs, settled at a
-    variance of 0.08 (bound −48 041, RMSE against f 0.67), from the spread of the modules'
-    inducing inputs at 13 013 (RMSE 0.016); on log AirPassengers (8 blocks) the median's start
-    ends higher (36.8 against 32.2)."""
+    only noise end at lengthscales far beyond their span, and a meta-GP started from their median
+    can settle constant over its inputs (``docs/limits.md``)."""
     capped, changed = copy.deepcopy(kernel), False
     for _, leaf in capped.parts():
         if not isinstance(leaf, Leaf):
@@ -289,14 +286,15 @@ def best_fit(starts: Sequence[Kernel], fit_from: FitFromStart
     """The fit from the start with the highest final bound, fitted in turn: a later start replaces
     the best so far only if it ends higher by more than the restart margin
     (:func:`~pyrogp_models.inference.restarts.replaces`), and the loser is freed at once. A
-    start whose bound turns out unbounded is skipped with a warning while another start is
-    bounded; when none is, the first start's error is raised."""
+    start whose bound turns out unbounded, or whose K_** has no Cholesky factor (a long
+    lengthscale in float32), is skipped with a warning while another start fits; when none does,
+    the first start's error is raised."""
     best, error = None, None
     for start in starts:
         try:
             fit = fit_from(start)
-        except UnboundedBoundError as unbounded:
-            error = error or unbounded
+        except (UnboundedBoundError, CholeskyError) as failed:
+            error = error or failed
             continue
         if best is None:
             best = fit

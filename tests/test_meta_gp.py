@@ -18,6 +18,7 @@ from pyrogp_models.data import Standardisation, load_sunspots
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import Partition, partition_contiguous
 from pyrogp_models.errors import (
+    CholeskyError,
     IncompatibleModulesError,
     MixedLikelihoodsError,
     UnboundedBoundError,
@@ -363,7 +364,8 @@ def test_a_second_start_caps_the_meta_gps_lengthscales_at_the_spread_of_the_modu
 
 def test_the_meta_gp_keeps_the_start_with_the_higher_bound_and_skips_an_unbounded_one():
     """best_fit: the first start unless a later one ends higher by more than the restart margin;
-    a start that leaves the bounded region is skipped with a warning; all unbounded: the error."""
+    a start that leaves the bounded region or whose Cholesky fails is skipped with a warning; all
+    unbounded: the error."""
     from pyrogp_models.inference.recycling import best_fit
     from pyrogp_models.inference.restarts import MARGIN
 
@@ -383,6 +385,38 @@ def test_the_meta_gp_keeps_the_start_with_the_higher_bound_and_skips_an_unbounde
         assert best_fit([0, 1], fit_from([None, 100.0]))[0] == "model 1"
     with pytest.raises(UnboundedBoundError, match="start 0"):
         best_fit([0, 1], fit_from([None, None]))
+
+    def singular_first(start):
+        if start == 0:
+            raise CholeskyError("Cholesky of the inducing covariance K_zz failed")
+        return fit_from([None, 100.0])(start)
+
+    with pytest.warns(UserWarning, match="K_zz failed"):
+        assert best_fit([0, 1], singular_first)[0] == "model 1"
+
+
+def test_recycle_keeps_the_capped_start_when_the_modules_median_start_ends_lower(monkeypatch):
+    """Modules of 200 narrow partitions of a noisy curve see only noise and end at lengthscales far
+    beyond their span; recycle fits the meta-GP from both starts and returns the fit of the one
+    that ends higher, the same as fitting from that start alone."""
+    import pyrogp_models.inference.recycling as recycling
+
+    rng = np.random.default_rng(0)
+    X = np.linspace(0.0, 5.0, 4000)[:, None]
+    y = (4.5 * np.cos(2 * np.pi * X[:, 0] + 1.5 * np.pi)
+         - 3 * np.sin(4.3 * np.pi * X[:, 0] + 0.3 * np.pi) + 2 * rng.standard_normal(4000))
+    modules = fit_local((X, y, partition_contiguous(X, 200)),
+                        LocalFitSpec(3, learn_inducing=False)).modules
+    spec = RecycleSpec(num_inducing=20)
+    both = recycle(modules, spec)
+    all_starts = recycling.global_kernel_starts
+    alone = []
+    for which in range(2):
+        monkeypatch.setattr(recycling, "global_kernel_starts",
+                            lambda *args, which=which: [all_starts(*args)[which]])
+        alone.append(recycle(modules, spec).result.final_loss)
+    assert alone[1] < alone[0] - 1.0
+    assert both.result.final_loss == pytest.approx(alone[1], rel=1e-9)
 
 
 # Boundedness guard --------------------------------------------------------------------------------

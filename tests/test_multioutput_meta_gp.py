@@ -189,3 +189,26 @@ def test_correlated_outputs_transfer_to_an_unobserved_range():
     meta_mean, _ = meta.predictor("part002").predict_y(grid[:, None])
     own_mean, _ = local.modules["part002"].predict_y(grid[:, None])
     assert rmse(meta_mean, 2, unseen) < 0.4 * rmse(own_mean, 2, unseen)
+
+
+def test_the_lmc_meta_gps_capped_start_is_the_same_in_float32():
+    """Modules with lengthscales far beyond their inputs' spread: the LMC meta-GP's starts (the
+    modules' median and that capped at the spread) come out alike from a float32 stack."""
+    from pyrogp_models.inference.recycling import global_kernel_starts, initial_global_kernel
+
+    torch.manual_seed(0)
+    modules = {f"m{k}": posterior_module(f"m{k}", torch.rand(5, 1) * 2 + k, 50.0)
+               for k in range(3)}
+
+    def starts(dtype):
+        spec = RecycleSpec(6, dtype=dtype)
+        stack = ModuleStack.from_modules(modules, "recycle-outputs", dtype=dtype)
+        kernel = initial_global_kernel(stack, spec, 1, stack.standardisation, True)
+        return [start.lengthscale.detach().reshape(-1) for start in
+                global_kernel_starts(kernel, stack, spec)]
+
+    (median64, capped64), (median32, capped32) = starts(torch.float64), starts(torch.float32)
+    assert capped32.dtype == median32.dtype == torch.float32
+    assert float(capped64) < 0.1 * float(median64)
+    assert float(median32) == pytest.approx(float(median64), rel=1e-6)
+    assert float(capped32) == pytest.approx(float(capped64), rel=1e-6)
