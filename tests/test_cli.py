@@ -15,6 +15,7 @@ from helpers import constant_scores, gaussian_scores, run_failing, run_ok, write
 from pyrogp_models.data import load_table
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.errors import DataError
+from pyrogp_models.io import load_predictor
 from pyrogp_models.modules.files import INDEX_NAME, load_modules, read_index
 
 FAST = ["--inducing", "5", "--steps", "15"]
@@ -93,8 +94,8 @@ def test_fit_info_predict_evaluate_round_trip(capsys, folder, regression_csv,
 def test_info_json_gives_each_module_with_its_noise_in_data_units(capsys, folder,
                                                                    contiguous_modules):
     """The noise variance --json gives is the gap between the module's predictive variances of y
-    and of f in data units (f's is in model units: times s_y²); a distributed-kernel file is
-    refused in one line."""
+    and of f in data units (f's is in model units: times s_y²), for a module and a
+    distributed-kernel file alike."""
     summary = json.loads(run_ok(capsys, "info", contiguous_modules, "--json"))
     modules = load_modules(contiguous_modules)
     assert [row["name"] for row in summary["modules"]] == list(modules)
@@ -111,7 +112,13 @@ def test_info_json_gives_each_module_with_its_noise_in_data_units(capsys, folder
     assert main(["fit-distkernel", str(folder / "regression.csv"), "--target", "y",
                  "--features", "x1,x2", "--steps", "5", "--out", str(distkernel)]) == 0
     capsys.readouterr()
-    assert "--json describes module files" in run_failing(capsys, "info", distkernel, "--json")
+    summary = json.loads(run_ok(capsys, "info", distkernel, "--json"))
+    predictor = load_predictor(distkernel)
+    scale = predictor.standardisation.y_scale
+    noise = float(predictor.predict_y(X)[1] - scale ** 2 * predictor.predict_f(X)[1])
+    assert summary["likelihood"]["variance"] == pytest.approx(noise, rel=1e-8)
+    assert (summary["model"], summary["num_data"]) == ("distributed-kernel", predictor.num_data)
+    assert summary["features"] == ["x1", "x2"] and summary["elbo"] == predictor.elbo
 
 def test_contiguous_folder_predicts_each_point_with_the_module_of_its_block(
         capsys, folder, regression_csv, contiguous_modules):

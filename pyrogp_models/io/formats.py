@@ -2,10 +2,10 @@
 
 Every file or folder the library writes is one of :data:`FORMATS`, told apart by the format its
 header names (:func:`~pyrogp_models.modules.signed.file_format`; a folder is a module folder).
-Each :class:`FileFormat` maps its kind to four functions — ``load`` (path → object), ``save``
+Each :class:`FileFormat` maps its kind to five functions — ``load`` (path → object), ``save``
 (object, path → path), ``as_predictor`` (object → a data-units
-:class:`~pyrogp_models.modules.predictor.Predictor`) and ``describe`` (object → text) — so a
-caller decides nothing by itself::
+:class:`~pyrogp_models.modules.predictor.Predictor`), ``describe`` (object → text) and
+``summarise`` (object → JSON-able values) — so a caller decides nothing by itself::
 
     describe("fit/modules")                 # the text `pyrogp info` prints
     load_predictor("meta.safetensors")      # a module, routed modules, or a model file
@@ -26,7 +26,7 @@ from pyrogp_models.models.distributed_kernel.files import (
     load_distributed_kernel,
     save_distributed_kernel,
 )
-from pyrogp_models.models.multitask.description import describe_multitask
+from pyrogp_models.models.multitask.description import describe_multitask, multitask_summary
 from pyrogp_models.models.multitask.files import load_multitask, save_multitask
 from pyrogp_models.modules.files import resolve_path, save_module, save_modules
 from pyrogp_models.modules.predictor import Predictor
@@ -40,7 +40,7 @@ MODULE_FOLDER = "pyrogp-modules"
 class FileFormat:
     """One kind of file: its ``name`` (the ``format`` its header names), what it is called in
     messages (``noun``), whether it holds modules (which products of experts combine and a
-    meta-GP recycles), and its four functions."""
+    meta-GP recycles), and its five functions."""
 
     name: str
     noun: str
@@ -53,22 +53,25 @@ class FileFormat:
     as_predictor: Callable[[Any], Predictor]
     #: (object, verbose) → a few lines of text (verbose: every module of a large set)
     describe: Callable[[Any, bool], str]
+    #: object → JSON-able values (``pyrogp info --json``)
+    summarise: Callable[[Any], dict[str, Any]]
 
 
 #: Every format the library writes, by name.
 FORMATS: dict[str, FileFormat] = {fmt.name: fmt for fmt in (
     FileFormat("pyrogp-module", FORMAT_NAMES["pyrogp-module"], True, load_module_set,
                lambda modules, path: save_module(modules.first, path), ModuleSet.predictor,
-               ModuleSet.describe),
+               ModuleSet.describe, ModuleSet.summary),
     FileFormat(MODULE_FOLDER, "a module folder", True, load_module_set,
                lambda modules, path: save_modules(modules.modules, path, modules.rule),
-               ModuleSet.predictor, ModuleSet.describe),
+               ModuleSet.predictor, ModuleSet.describe, ModuleSet.summary),
     FileFormat("pyrogp-distkernel", FORMAT_NAMES["pyrogp-distkernel"], False,
                load_distributed_kernel, save_distributed_kernel, lambda predictor: predictor,
-               lambda predictor, verbose: DistributedKernelPredictor.describe(predictor)),
+               lambda predictor, verbose: DistributedKernelPredictor.describe(predictor),
+               DistributedKernelPredictor.summary),
     FileFormat("pyrogp-multitask", FORMAT_NAMES["pyrogp-multitask"], False, load_multitask,
                save_multitask, lambda predictor: predictor,
-               lambda predictor, verbose: describe_multitask(predictor)),
+               lambda predictor, verbose: describe_multitask(predictor), multitask_summary),
 )}
 
 
@@ -120,3 +123,10 @@ def describe(path: str | Path, verbose: bool = False) -> str:
     fmt = format_of(path)
     return fmt.describe(fmt.load(path), verbose)
 
+
+
+def summarise(path: str | Path) -> dict[str, Any]:
+    """The file or folder at ``path`` as JSON-able values (what ``pyrogp info --json`` prints)."""
+    path = resolve_path(path)
+    fmt = format_of(path)
+    return fmt.summarise(fmt.load(path))

@@ -115,14 +115,50 @@ class DistributedKernelPredictor(Predictor):
         lines.append("hyperparameters and ELBO refer to the standardised data")
         return "\n".join(lines)
 
+    def summary(self) -> dict[str, Any]:
+        """What :meth:`describe` tells, as JSON-able values in data units: the regions' faces
+        along the active dimensions (``None`` for an open end), the kernel (ℓ_d s_x,d and σ² s_y²),
+        the likelihood (a Gaussian noise variance times s_y²), N and the ELBO (of the
+        standardised data)."""
+        model, s = self.model, self.standardisation
+        names = list(self.columns.features or [f"x{d}" for d in range(self.input_dim)])
+        target_scale = s.y_scale ** 2 if self.likelihood().standardise_targets else 1.0
+        lower, upper = self._data_unit_bounds()
+        dims = model.regions.active_dims
+
+        def face(value: float) -> float | None:
+            return float(value) if math.isfinite(value) else None
+
+        lengthscale = model.kernel.lengthscale.detach().expand(self.input_dim)
+        parameters = {key: float(value.detach()) * (target_scale if key == "variance" else 1.0)
+                      for key, value in model.likelihood.parameter_values().items()}
+        return {"model": "distributed-kernel", "num_regions": model.num_regions,
+                "num_inducing_per_region": model.num_inducing,
+                "variational": model.variational,
+                "regions": [{names[d]: [face(lower[j, d]), face(upper[j, d])] for d in dims}
+                            for j in range(model.num_regions)],
+                "kernel": {"name": "rbf", "ard": model.kernel.ard,
+                           "lengthscale": dict(zip(names, (lengthscale * torch.as_tensor(
+                               s.x_scale, dtype=lengthscale.dtype)).tolist(), strict=True)),
+                           "variance": float(model.kernel.variance.detach()) * target_scale},
+                "likelihood": {"name": model.likelihood.name, **model.likelihood.options(),
+                               **parameters},
+                "num_data": self.num_data, "elbo": self.elbo,
+                "features": self.columns.features and list(self.columns.features),
+                "target": self.columns.target, "units": dict(self.columns.units)}
+
+    def _data_unit_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The regions' faces [J, D] in data units (±∞ beyond the outer cuts)."""
+        s = self.standardisation
+        lower, upper = self.model.regions.full_bounds()
+        scale, shift = (torch.as_tensor(v, dtype=lower.dtype) for v in (s.x_scale, s.x_mean))
+        return lower.detach() * scale + shift, upper.detach() * scale + shift
+
     def _describe_regions(self, names: list[str]) -> list[str]:
         regions = self.model.regions
         if not regions.active_dims:
             return ["regions: the whole input space"]
-        s = self.standardisation
-        lower, upper = regions.full_bounds()
-        lower = lower * torch.as_tensor(s.x_scale) + torch.as_tensor(s.x_mean)
-        upper = upper * torch.as_tensor(s.x_scale) + torch.as_tensor(s.x_mean)
+        lower, upper = self._data_unit_bounds()
         if len(regions.active_dims) == 1:
             d = regions.active_dims[0]
             cuts = sorted(float(v) for v in lower[:, d] if math.isfinite(v))
