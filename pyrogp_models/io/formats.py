@@ -124,7 +124,6 @@ def describe(path: str | Path, verbose: bool = False) -> str:
     return fmt.describe(fmt.load(path), verbose)
 
 
-
 def summarise(path: str | Path) -> dict[str, Any]:
     """The file or folder at ``path`` as JSON-able values (what ``pyrogp info --json`` prints)."""
     path = resolve_path(path)

@@ -94,7 +94,7 @@ class DistributedKernelPredictor(Predictor):
     def describe(self) -> str:
         """A few lines: regions (cuts in data units), m, hyperparameters, likelihood, ELBO."""
         model = self.model
-        names = self.columns.features or [f"x{d}" for d in range(self.input_dim)]
+        names = self._feature_names()
         kind = "mean-field" if model.variational == "meanfield" else "joint"
         regions = f"{model.num_regions} region{'s' if model.num_regions > 1 else ''}"
         lines = [f"distributed-kernel GP: {regions} × {model.num_inducing} "
@@ -121,7 +121,7 @@ class DistributedKernelPredictor(Predictor):
         the likelihood (a Gaussian noise variance times s_y²), N and the ELBO (of the
         standardised data)."""
         model, s = self.model, self.standardisation
-        names = list(self.columns.features or [f"x{d}" for d in range(self.input_dim)])
+        names = self._feature_names()
         target_scale = s.y_scale ** 2 if self.likelihood().standardise_targets else 1.0
         lower, upper = self._data_unit_bounds()
         dims = model.regions.active_dims
@@ -139,7 +139,8 @@ class DistributedKernelPredictor(Predictor):
                             for j in range(model.num_regions)],
                 "kernel": {"name": "rbf", "ard": model.kernel.ard,
                            "lengthscale": dict(zip(names, (lengthscale * torch.as_tensor(
-                               s.x_scale, dtype=lengthscale.dtype)).tolist(), strict=True)),
+                               s.x_scale, dtype=lengthscale.dtype, device=lengthscale.device)
+                               ).tolist(), strict=True)),
                            "variance": float(model.kernel.variance.detach()) * target_scale},
                 "likelihood": {"name": model.likelihood.name, **model.likelihood.options(),
                                **parameters},
@@ -147,12 +148,15 @@ class DistributedKernelPredictor(Predictor):
                 "features": self.columns.features and list(self.columns.features),
                 "target": self.columns.target, "units": dict(self.columns.units)}
 
+    def _feature_names(self) -> list[str]:
+        """The feature columns' names, or x0, x1, … when the file records none."""
+        return list(self.columns.features or [f"x{d}" for d in range(self.input_dim)])
+
     def _data_unit_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The regions' faces [J, D] in data units (±∞ beyond the outer cuts)."""
-        s = self.standardisation
         lower, upper = self.model.regions.full_bounds()
-        scale, shift = (torch.as_tensor(v, dtype=lower.dtype) for v in (s.x_scale, s.x_mean))
-        return lower.detach() * scale + shift, upper.detach() * scale + shift
+        return (self.standardisation.inverse_x(lower.detach()),
+                self.standardisation.inverse_x(upper.detach()))
 
     def _describe_regions(self, names: list[str]) -> list[str]:
         regions = self.model.regions
