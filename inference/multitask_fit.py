@@ -14,11 +14,13 @@ the library's trainer (:func:`pyrogp_models.inference.trainer.train`):
   cMDGP) that way, starts from it (:func:`~pyrogp_models.models.multitask.warm_start.embed_shallow`:
   the same predictions, the inner layer at its prior) and trains by Adam — with
   natural-gradient steps on the top layer's q(u) where the likelihood is Gaussian — until the
-  change of its estimated ELBO is within its Monte Carlo noise. An mMDGP whose shared process
-  has a free column starts first with the latent of the task with the most rows in it
-  (:func:`~pyrogp_models.models.multitask.warm_start.embed_transfer`), so that the other tasks
-  can learn their outputs as functions of it, and from the shallow model only if that ends
-  below it. Every deep ELBO is estimated precisely (:func:`estimate_elbo`, common random
+  change of its estimated ELBO is within its Monte Carlo noise, or until a window of steps ends
+  with its mean loss above the lowest window's, returning to that window's parameters (under a
+  fixed learning rate the loss can rise for hundreds of steps and settle higher). An mMDGP
+  whose shared process has a free column starts first with the latent of the task with the most
+  rows in it (:func:`~pyrogp_models.models.multitask.warm_start.embed_transfer`), so that the
+  other tasks can learn their outputs as functions of it, and from the shallow model only if
+  that ends below it. Every deep ELBO is estimated precisely (:func:`estimate_elbo`, common random
   numbers) and compared with the embedded shallow model's: the best state is kept, so a deep
   fit never ends below the shallow model it contains.
 
@@ -102,8 +104,9 @@ class MultitaskSpec(MultitaskOptions):
 class Phase:
     """One training phase of a fit: the model kind trained (with its rank, ``"cgp (R = 4)"``,
     where a default cGP compares ranks: :func:`rank_candidates`), its optimiser steps, wall
-    seconds, whether it converged, its ELBO at the end (:func:`estimate_elbo`) and, where ranks
-    were compared by it, its held-out error (:func:`held_out_error`)."""
+    seconds, whether it converged, its ELBO at the end (:func:`estimate_elbo`), where ranks were
+    compared by it its held-out error (:func:`held_out_error`) and, where its loss rose, the step
+    whose parameters it returned to (``TrainConfig.patience``)."""
 
     model: str
     steps: int
@@ -111,6 +114,7 @@ class Phase:
     converged: bool
     elbo: float
     held_out: float | None = None
+    returned_to: int | None = None
 
 
 @dataclass
@@ -169,7 +173,8 @@ def default_config(spec: MultitaskSpec) -> TrainConfig:
       over the joint q of its latent GPs; :meth:`MultitaskGP.collapsed_bound`), q(u) set to its
       optimum at the end;
     - otherwise Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of 100
-      steps changes by < 1e-5 relative beyond twice its standard error, with natural-gradient
+      steps changes by < 1e-5 relative beyond twice its standard error or — back at the lowest
+      window's parameters — ends above the lowest window's mean, with natural-gradient
       steps on q(u) (γ = 1 for a single-layer model; 0.1 on a deep model's top layer where the
       likelihood is Gaussian)."""
     if deterministic_objective(spec, spec.model):
@@ -356,4 +361,4 @@ def _train(model: MultitaskGP, config: TrainConfig) -> TrainResult:
 
 def _phase(model: MultitaskGP, result: TrainResult, seed: int) -> Phase:
     return Phase(model.kind, result.steps, result.seconds, result.converged,
-                 estimate_elbo(model, seed=seed))
+                 estimate_elbo(model, seed=seed), returned_to=result.returned_to)

@@ -37,7 +37,9 @@ until each is pinned at its optimum to rounding
 (:meth:`pyrogp_models.inference.batched_lbfgs.BatchedLBFGS.pinned`), so that a partition's module
 does not depend on which others shared its batch; members still unpinned after
 :data:`HOLD_AFTER` judgements of that phase are pinned with the model's ``held_parameters()``
-(inducing inputs) held where they are. ``time_budget`` stops after that many seconds.
+(inducing inputs) held where they are. ``time_budget`` stops after that many seconds. With
+``patience`` the fit also stops once that many windows in a row end above the lowest window mean
+so far, back at the parameters of the end of that window (:class:`_BestWindow`).
 Checkpoints (safetensors + JSON, written atomically) hold the parameters, the optimiser state, the
 step, the loss history and the random state — never data (models register their data as
 non-persistent buffers) — so a fit resumes exactly where it stopped.
@@ -79,6 +81,7 @@ class TrainResult:
     whose ``noisy_objective`` is true, only the change beyond twice its standard error), and
     ``member_converged`` — for a model of independent members trained by the batched L-BFGS —
     which members passed the convergence test (in the order of ``member_objectives()``);
+    ``returned_to`` the step whose parameters a fit stopped by ``patience`` returned to;
     ``held`` whether the precise phase held the model's ``held_parameters()`` to pin the
     others (the module docstring)."""
 
@@ -89,6 +92,7 @@ class TrainResult:
     seconds: float = 0.0
     change: float = math.nan
     member_converged: list[bool] | None = None
+    returned_to: int | None = None
 
     @property
     def final_loss(self) -> float:
@@ -262,6 +266,10 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                if isinstance(optimizer, BatchedLBFGS) else None)
     noisy = isinstance(module, NoisyObjective) and bool(module.noisy_objective)
     ladder = _start_needs_ladder(optimizer)
+    best = (_BestWindow(module, config.window, config.patience)
+            if config.patience is not None and members is None else None)
+    if best is not None and start:
+        best.replay(losses, start, config.checkpoint)
     step, began = start, time.perf_counter()
     try:
         with (deferred_checks(climb_ladder=ladder), pyro.validation_enabled(False),
@@ -301,13 +309,19 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                                                    else result.change <= config.tol):
                         result.converged = True
                         break
+                    if best is not None and step % config.window == 0 and best.stalled(losses,
+                                                                                      step):
+                        result.converged, result.returned_to = True, best.step
+                        best.restore()
+                        break
                 if config.checkpoint and step % config.checkpoint_every == 0:
                     save_checkpoint(config.checkpoint, module, optimizer, step, losses[:step],
-                                    hooks)
+                                    hooks, best)
                 if out_of_time:
                     break
             if config.checkpoint:  # before the closing hooks, so that a resumed fit continues
-                save_checkpoint(config.checkpoint, module, optimizer, step, losses[:step], hooks)
+                save_checkpoint(config.checkpoint, module, optimizer, step, losses[:step], hooks,
+                                best)
             for hook in hooks:  # leave what the hooks own consistent with the final parameters
                 hook(loss_fn)
     finally:
@@ -318,6 +332,49 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     if config.tol is not None and not result.converged and step > start:
         _warn_not_converged(result, config)
     return result
+
+
+class _BestWindow:
+    """The lowest window mean of the loss so far and the parameters at the end of its window, for
+    ``TrainConfig.patience``: :meth:`stalled` says when ``patience`` windows in a row have ended
+    above it. Under a fixed learning rate a stochastic objective's loss can rise for hundreds of
+    steps and settle above where it was; its lowest window is then the state to keep. A window
+    below the lowest by less than its noise still counts as lower, so the stop never comes
+    earlier than the change test's on a flat loss."""
+
+    def __init__(self, module: torch.nn.Module, window: int, patience: int):
+        self.module, self.window, self.patience = module, window, patience
+        self.mean, self.step, self.stale = math.inf, 0, 0
+        self.state: dict[str, torch.Tensor] = {}
+
+    def stalled(self, losses: torch.Tensor, step: int) -> bool:
+        """Judge the window that ends at ``step`` (one host read)."""
+        mean = float(losses[step - self.window:step].mean())
+        if mean < self.mean:
+            self.mean, self.step, self.stale = mean, step, 0
+            self.state = {key: value.detach().clone()
+                          for key, value in self.module.state_dict().items()}
+            return False
+        self.stale += 1
+        return self.stale >= self.patience
+
+    def restore(self) -> None:
+        self.module.load_state_dict(self.state)
+
+    def replay(self, losses: torch.Tensor, step: int, checkpoint) -> None:
+        """After resuming at ``step``: the lowest window and the stale count from the loss history,
+        the lowest window's parameters from the checkpoint (:func:`save_checkpoint`)."""
+        for end in range(self.window, step + 1, self.window):
+            mean = float(losses[end - self.window:end].mean())
+            self.mean, self.step, self.stale = ((mean, end, 0) if mean < self.mean
+                                                else (self.mean, self.step, self.stale + 1))
+        tensors = load_file(checkpoint)
+        self.state = {key[len("best."):]: value for key, value in tensors.items()
+                      if key.startswith("best.")}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The lowest window's parameters, keyed for a checkpoint."""
+        return {f"best.{key}": value.contiguous() for key, value in self.state.items()}
 
 
 def _start_needs_ladder(optimizer) -> bool:
@@ -435,11 +492,13 @@ def _remedy(config: TrainConfig) -> str:
 
 # Checkpoints --------------------------------------------------------------------------------
 def save_checkpoint(path, module, optimizer, step: int, losses: torch.Tensor,
-                    hooks: Sequence[PreStepHook] = ()) -> None:
-    """Write parameters, optimiser state, the hooks' state and the random state to ``path``
-    (+ ``path.json``)."""
+                    hooks: Sequence[PreStepHook] = (), best: _BestWindow | None = None) -> None:
+    """Write parameters, optimiser state, the hooks' state, the lowest window's parameters
+    (``patience``) and the random state to ``path`` (+ ``path.json``)."""
     path = Path(path)
     tensors = {f"param.{k}": v.detach().contiguous() for k, v in module.state_dict().items()}
+    if best is not None:
+        tensors.update(best.tensors())
     for index, hook in enumerate(hooks):
         for key, value in getattr(hook, "state_dict", dict)().items():
             tensors[f"hook.{index}.{key}"] = value.detach().contiguous()

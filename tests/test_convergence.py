@@ -1,6 +1,7 @@
 """The trainer's convergence test: an exact loss stops when it no longer changes; an estimated
 (noisy) loss stops when its change between two windows is within twice its standard error, and
-not while a real trend remains."""
+not while a real trend remains; with ``patience`` a loss that rises above its lowest window stops
+there and returns to that window's parameters."""
 
 from __future__ import annotations
 
@@ -57,6 +58,81 @@ def test_a_trend_larger_than_the_noise_keeps_an_estimated_loss_going():
     assert abs(float(module.theta) - 5.0) < 0.3  # it did not stop on the way
 
 
+class MovingTarget(PyroModule):
+    """−log p = (θ − 1)² for the first ``switch`` evaluations, then (θ − 3)² + 5: the loss rises
+    at the switch and settles above where it was (the evaluations are counted in the state)."""
+
+    def __init__(self, switch: int):
+        super().__init__()
+        self.theta = PyroParam(torch.tensor(0.0, dtype=torch.float64))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        self.switch = switch
+
+    def model(self):
+        before = bool(self.calls < self.switch)
+        self.calls += 1
+        loss = (self.theta - 1.0) ** 2 if before else (self.theta - 3.0) ** 2 + 5.0
+        pyro.factor("loss", -loss)
+
+    def guide(self):
+        pass
+
+
+class Recorder:
+    """A pre-step hook that records θ before every step (it owns no parameter)."""
+
+    parameters = ()
+
+    def __init__(self, module: MovingTarget):
+        self.module, self.thetas = module, []
+
+    def __call__(self, loss_fn):
+        self.thetas.append(float(self.module.theta))
+
+
+def lowest_window_end(losses: list[float], window: int) -> int:
+    means = [sum(losses[end - window:end]) / window
+             for end in range(window, len(losses) + 1, window)]
+    return window * (means.index(min(means)) + 1)
+
+
+@pytest.mark.parametrize("patience", [1, 2])
+def test_a_loss_that_rises_stops_at_its_lowest_window_and_returns_there(patience):
+    config = TrainConfig(lr=0.05, steps=2000, window=50, tol=None, patience=patience)
+    module = MovingTarget(switch=200)
+    recorder = Recorder(module)
+    result = train(module, config=config, hooks=[recorder])
+    best = lowest_window_end(result.losses, config.window)
+    assert result.converged and result.returned_to == best
+    assert result.steps == best + patience * config.window
+    # the parameters are those after the lowest window's last step, before the rise
+    assert float(module.theta) == recorder.thetas[best]
+    assert abs(float(module.theta) - 1.0) < 0.1
+
+
+def test_without_patience_the_same_loss_goes_on_past_the_rise():
+    module = MovingTarget(switch=200)
+    result = train(module, config=TrainConfig(lr=0.05, steps=600, window=50, tol=None))
+    assert result.returned_to is None and result.steps == 600
+    assert abs(float(module.theta) - 3.0) < 0.1
+
+
+def test_a_fit_stopped_by_patience_resumes_from_a_checkpoint_to_the_same_state(tmp_path):
+    config = TrainConfig(lr=0.05, steps=2000, window=50, tol=None, patience=2,
+                         checkpoint=tmp_path / "fit.safetensors", checkpoint_every=225)
+    whole = MovingTarget(switch=200)
+    reference = train(whole, config=replace(config, checkpoint=None))
+    train(MovingTarget(switch=200), config=replace(config, steps=225))  # a checkpoint at 225
+    resumed = MovingTarget(switch=200)
+    result = train(resumed, config=replace(config, resume=True))
+    assert (result.steps, result.returned_to) == (reference.steps, reference.returned_to)
+    assert result.losses == reference.losses
+    assert float(resumed.theta) == float(whole.theta)
+
+
+def test_patience_is_at_least_one_window():
+    with pytest.raises(ValueError, match="patience"):
+        TrainConfig(patience=0)
 
 
 def test_a_fit_whose_inducing_inputs_creep_converges_with_them_held():

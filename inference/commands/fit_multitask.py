@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     held_out = ["held-out MSE"] if any(phase.held_out is not None for phase in fit.phases) else []
     print("\n" + format_table(
         ["phase", "steps", "seconds", "converged", "ELBO", *held_out],
-        [(phase.model, phase.steps, f"{phase.seconds:.1f}", "yes" if phase.converged else "no",
+        [(phase.model, phase.steps, f"{phase.seconds:.1f}", _converged(phase),
           f"{phase.elbo:.6g}", *([f"{phase.held_out:.4g}"] if held_out else []))
          for phase in fit.phases]))
     kept = "" if fit.kept == args.model else f" (kept at the {fit.kept} it contains)"
@@ -183,6 +183,13 @@ def run(args: argparse.Namespace) -> int:
           f"training, {fit.seconds:.1f} s in all; "
           f"written to {path}")
     return 0
+
+
+def _converged(phase) -> str:
+    """"yes", "no", or where the loss rose "yes (back to step N)" (``TrainConfig.patience``)."""
+    if not phase.converged:
+        return "no"
+    return "yes" if phase.returned_to is None else f"yes (back to step {phase.returned_to})"
 
 
 def _model_options(args: argparse.Namespace) -> dict:
