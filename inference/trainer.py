@@ -39,7 +39,7 @@ does not depend on which others shared its batch; members still unpinned after
 :data:`HOLD_AFTER` judgements of that phase are pinned with the model's ``held_parameters()``
 (inducing inputs) held where they are. ``time_budget`` stops after that many seconds. With
 ``patience`` the fit also stops once that many windows in a row end above the lowest window mean
-so far, back at the parameters of the end of that window (:class:`_BestWindow`).
+so far, back at the parameters of the end of that window (:class:`BestWindow`).
 Checkpoints (safetensors + JSON, written atomically) hold the parameters, the optimiser state, the
 step, the loss history and the random state — never data (models register their data as
 non-persistent buffers) — so a fit resumes exactly where it stopped.
@@ -266,7 +266,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                if isinstance(optimizer, BatchedLBFGS) else None)
     noisy = isinstance(module, NoisyObjective) and bool(module.noisy_objective)
     ladder = _start_needs_ladder(optimizer)
-    best = (_BestWindow(module, config.window, config.patience)
+    best = (BestWindow(module, config.window, config.patience)
             if config.patience is not None and members is None else None)
     if best is not None and start:
         best.replay(losses, start, config.checkpoint)
@@ -334,7 +334,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     return result
 
 
-class _BestWindow:
+class BestWindow:
     """The lowest window mean of the loss so far and the parameters at the end of its window, for
     ``TrainConfig.patience``: :meth:`stalled` says when ``patience`` windows in a row have ended
     above it. Under a fixed learning rate a stochastic objective's loss can rise for hundreds of
@@ -359,6 +359,7 @@ class _BestWindow:
         return self.stale >= self.patience
 
     def restore(self) -> None:
+        """Put the module back at the lowest window's parameters."""
         self.module.load_state_dict(self.state)
 
     def replay(self, losses: torch.Tensor, step: int, checkpoint) -> None:
@@ -492,7 +493,7 @@ def _remedy(config: TrainConfig) -> str:
 
 # Checkpoints --------------------------------------------------------------------------------
 def save_checkpoint(path, module, optimizer, step: int, losses: torch.Tensor,
-                    hooks: Sequence[PreStepHook] = (), best: _BestWindow | None = None) -> None:
+                    hooks: Sequence[PreStepHook] = (), best: BestWindow | None = None) -> None:
     """Write parameters, optimiser state, the hooks' state, the lowest window's parameters
     (``patience``) and the random state to ``path`` (+ ``path.json``)."""
     path = Path(path)
