@@ -233,6 +233,8 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     owned = {id(p) for hook in hooks for p in hook.parameters}
     params = [p for p in module.parameters() if p.requires_grad and id(p) not in owned]
     optimizer = _make_optimizer(config, params, module)
+    best = (BestWindow(module, config.window, config.patience)
+            if config.patience is not None and not isinstance(optimizer, BatchedLBFGS) else None)
     if isinstance(optimizer, BatchedLBFGS) and hooks:
         raise ValueError("pre-step hooks (natural-gradient steps) go with Adam, not with the "
                          "batched L-BFGS of independent members")
@@ -240,7 +242,8 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     result = TrainResult()
     start = 0
     if config.resume and config.checkpoint and Path(config.checkpoint).exists():
-        start, result.losses = load_checkpoint(config.checkpoint, module, optimizer, hooks)
+        start, result.losses = load_checkpoint(config.checkpoint, module, optimizer, hooks,
+                                               best)
     elif config.seed is not None:
         pyro.set_rng_seed(config.seed)
 
@@ -266,10 +269,8 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                if isinstance(optimizer, BatchedLBFGS) else None)
     noisy = isinstance(module, NoisyObjective) and bool(module.noisy_objective)
     ladder = _start_needs_ladder(optimizer)
-    best = (BestWindow(module, config.window, config.patience)
-            if config.patience is not None and members is None else None)
-    if best is not None and start:
-        best.replay(losses, start, config.checkpoint)
+    if best is not None:
+        best.replay(losses, start)
     step, began = start, time.perf_counter()
     try:
         with (deferred_checks(climb_ladder=ladder), pyro.validation_enabled(False),
@@ -348,34 +349,40 @@ class BestWindow:
         self.state: dict[str, torch.Tensor] = {}
 
     def stalled(self, losses: torch.Tensor, step: int) -> bool:
-        """Judge the window that ends at ``step`` (one host read)."""
-        mean = float(losses[step - self.window:step].mean())
-        if mean < self.mean:
-            self.mean, self.step, self.stale = mean, step, 0
+        """Judge the window that ends at ``step`` (one host read); a new lowest window keeps the
+        module's parameters."""
+        if self._lowest(losses, step):
             self.state = {key: value.detach().clone()
                           for key, value in self.module.state_dict().items()}
-            return False
-        self.stale += 1
         return self.stale >= self.patience
+
+    def _lowest(self, losses: torch.Tensor, end: int) -> bool:
+        """Whether the window ending at ``end`` is the new lowest (else one more stale window)."""
+        mean = float(losses[end - self.window:end].mean())
+        if mean < self.mean:
+            self.mean, self.step, self.stale = mean, end, 0
+            return True
+        self.stale += 1
+        return False
 
     def restore(self) -> None:
         """Put the module back at the lowest window's parameters."""
         self.module.load_state_dict(self.state)
 
-    def replay(self, losses: torch.Tensor, step: int, checkpoint) -> None:
-        """After resuming at ``step``: the lowest window and the stale count from the loss history,
-        the lowest window's parameters from the checkpoint (:func:`save_checkpoint`)."""
+    def replay(self, losses: torch.Tensor, step: int) -> None:
+        """After resuming at ``step``: the lowest window and the stale count from the loss history
+        (the parameters come with the checkpoint: :meth:`load`)."""
         for end in range(self.window, step + 1, self.window):
-            mean = float(losses[end - self.window:end].mean())
-            self.mean, self.step, self.stale = ((mean, end, 0) if mean < self.mean
-                                                else (self.mean, self.step, self.stale + 1))
-        tensors = load_file(checkpoint)
-        self.state = {key[len("best."):]: value for key, value in tensors.items()
-                      if key.startswith("best.")}
+            self._lowest(losses, end)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The lowest window's parameters, keyed for a checkpoint."""
         return {f"best.{key}": value.contiguous() for key, value in self.state.items()}
+
+    def load(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The lowest window's parameters from a checkpoint's tensors (:meth:`tensors`)."""
+        self.state = {key[len("best."):]: value for key, value in tensors.items()
+                      if key.startswith("best.")}
 
 
 def _start_needs_ladder(optimizer) -> bool:
@@ -518,11 +525,13 @@ def save_checkpoint(path, module, optimizer, step: int, losses: torch.Tensor,
     atomic_write(path.with_suffix(path.suffix + ".json"), json.dumps(meta).encode())
 
 
-def load_checkpoint(path, module, optimizer, hooks: Sequence[PreStepHook] = ()
-                    ) -> tuple[int, list[float]]:
+def load_checkpoint(path, module, optimizer, hooks: Sequence[PreStepHook] = (),
+                    best: BestWindow | None = None) -> tuple[int, list[float]]:
     """Restore what :func:`save_checkpoint` wrote; returns (step, loss history)."""
     path = Path(path)
     tensors = load_file(path)
+    if best is not None:
+        best.load(tensors)
     for index, hook in enumerate(hooks):
         prefix = f"hook.{index}."
         state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
