@@ -8,7 +8,8 @@ the library's trainer (:func:`pyrogp_models.inference.trainer.train`):
 
 - a single-layer model (iGP, cGP) whose ELBO is deterministic (full batch, closed-form or
   quadrature expectations) by L-BFGS until its ELBO stops changing (with a Gaussian likelihood
-  on Titsias' collapsed bound, q(u) at its optimum); with a Monte Carlo objective by Adam with
+  on Titsias' collapsed bound, q(u) at its optimum; iGP's tasks, independent problems, each
+  with its own L-BFGS memory and step length); with a Monte Carlo objective by Adam with
   natural-gradient steps on q(u);
 - a deep model (sMDGP, mMDGP, iDGP, cMDGP) first fits the shallow model it contains (iGP; cGP for
   cMDGP) that way, starts from it (:func:`~pyrogp_models.models.multitask.warm_start.embed_shallow`:
@@ -43,6 +44,7 @@ from pyrogp_models.inference.fit_result import Fit
 from pyrogp_models.inference.multitask_held_out import held_out_error
 from pyrogp_models.inference.natural_gradient import NaturalGradient
 from pyrogp_models.inference.train_config import (
+    COLLAPSED_CONFIG,
     MULTITASK_DEEP_CONFIG,
     MULTITASK_SHALLOW_CONFIG,
     TrainConfig,
@@ -167,18 +169,23 @@ def deterministic_objective(spec: MultitaskOptions, model: str) -> bool:
 def default_config(spec: MultitaskSpec) -> TrainConfig:
     """How ``spec.model`` trains by default (see the module docstring):
 
-    - deterministic single-layer objective: L-BFGS (lr 1, strong Wolfe), at most 500 steps of 20
-      iterations, converged when the ELBO changes by < 1e-7 relative over 2 steps; with a
-      Gaussian likelihood on the collapsed bound of the hyperparameters (iGP's per task, cGP's
-      over the joint q of its latent GPs; :meth:`MultitaskGP.collapsed_bound`), q(u) set to its
-      optimum at the end;
+    - iGP with a Gaussian likelihood on all rows: its collapsed bound per task
+      (:meth:`MultitaskGP.collapsed_bound`) by the batched L-BFGS of the local fits, one memory
+      and one step length per task (:data:`COLLAPSED_CONFIG`: converged when every task's bound
+      changes by < 1e-6 relative over 10 iterations, then pinned), q(u) set to its optimum at
+      the end;
+    - another deterministic single-layer objective: L-BFGS (lr 1, strong Wolfe), at most 500
+      steps of 20 iterations, converged when the ELBO changes by < 1e-7 relative over 2 steps;
+      with a Gaussian likelihood (cGP) on the collapsed bound over the joint q of its latent
+      GPs, q(u) set to its optimum at the end;
     - otherwise Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of 100
       steps changes by < 1e-5 relative beyond twice its standard error or — back at the lowest
       window's parameters — ends above the lowest window's mean, with natural-gradient
       steps on q(u) (γ = 1 for a single-layer model; 0.1 on a deep model's top layer where the
       likelihood is Gaussian)."""
     if deterministic_objective(spec, spec.model):
-        return MULTITASK_SHALLOW_CONFIG
+        return (COLLAPSED_CONFIG if spec.model == "igp" and spec.likelihood == "gaussian"
+                else MULTITASK_SHALLOW_CONFIG)
     config = MULTITASK_DEEP_CONFIG
     if spec.model in CONTAINED.values():
         return replace(config, natural_gradient_lr=1.0)
@@ -252,11 +259,10 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     if not (model.is_deep and spec.warm_start):
         result = _train(model, config)
         phases = [_phase(model, result, seed)]
-        kept = spec.model
+        kept, elbo = spec.model, phases[0].elbo
     else:
-        result, phases, kept = _fit_from_shallow(model, model_data, spec, config, seed)
+        result, phases, kept, elbo = _fit_from_shallow(model, model_data, spec, config, seed)
     predictor = MultitaskPredictor(model, standardisation, spec.predictive_samples, seed)
-    elbo = estimate_elbo(model, seed=seed)
     return MultitaskFit(model, result, predictor, standardisation, spec, model_data, elbo, phases,
                         kept, time.perf_counter() - started)
 
@@ -295,12 +301,14 @@ def _best_rank(fits: list[MultitaskFit], candidates: list[MultitaskSpec], seed: 
 
 
 def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
-                      config: TrainConfig, seed: int) -> tuple[TrainResult, list[Phase], str]:
+                      config: TrainConfig, seed: int
+                      ) -> tuple[TrainResult, list[Phase], str, float]:
     """Fit the shallow model that ``model`` contains, then train ``model`` from its starts
     (:func:`deep_starts`, each from the embedded shallow model with its inner variances
     switched off) in turn until one ends above that embedding (by :func:`estimate_elbo`, common
     random numbers); ``model`` is left in that start's state, or in the embedding if none does.
-    Returns the last training's record, every phase and the kind of the state kept."""
+    Returns the last training's record, every phase, the kind of the state kept and its
+    estimated ELBO."""
     shallow_spec = replace(spec, model=CONTAINED[spec.model], top_mean=None,
                            noise="independent")
     shallow = build_model(shallow_spec.model, data, shallow_spec.options(),
@@ -316,9 +324,9 @@ def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
         result = _train(model, config)
         phases.append(_phase(model, result, seed))
         if phases[-1].elbo > reference_elbo:
-            return result, phases, spec.model
+            return result, phases, spec.model, phases[-1].elbo
         model.load_state_dict(reference)
-    return result, phases, shallow.kind
+    return result, phases, shallow.kind, reference_elbo
 
 
 def deep_starts(model: MultitaskGP) -> tuple[str, ...]:

@@ -6,7 +6,9 @@ method or attribute; nothing is inherited).
   independent members (the K partitions of a local fit, the meta-GP's one), each with its own
   parameters and objective [K], so the batched L-BFGS keeps one memory and one step length per
   member (:mod:`pyrogp_models.inference.batched_lbfgs`); ``precise=True`` asks for the
-  objective evaluated to rounding, by which convergence is judged at the end.
+  objective evaluated to rounding, by which convergence is judged at the end. A model whose
+  members are independent only for some objectives (a multitask iGP on its collapsed bound)
+  returns None for the others.
 - :class:`NaturalGradientLayers` — ``natural_gradient_objectives()``: (layer, objective) for
   every sparse-GP layer with a variational q(u), the objective being what the natural-gradient
   step on that layer's q(u) improves (None: the ELBO's own expected log-likelihood,
@@ -35,8 +37,9 @@ class IndependentMembers(Protocol):
 
     def member_objectives(self, precise: bool = False
                           ) -> list[tuple[Sequence[torch.nn.Parameter],
-                                          Callable[[], torch.Tensor]]]:
-        """(parameters, −objective [K]) per group; ``precise``: evaluated to rounding."""
+                                          Callable[[], torch.Tensor]]] | None:
+        """(parameters, −objective [K]) per group; ``precise``: evaluated to rounding. None:
+        the members are not independent under the current objective."""
 
 
 @runtime_checkable

@@ -69,12 +69,12 @@ DISTRIBUTED_KERNEL_RESTARTS = 2
 #: The exact experts' shortest start, in multiples of the inputs' spacing
 #: (:func:`pyrogp_models.inference.restarts.exact_restart_scales`).
 SPACING_MULTIPLE = 10.0
-#: Gaussian likelihoods (local fits and meta-GPs): the collapsed bound, fitted by L-BFGS with one
-#: memory and one step length per independent member (:mod:`pyrogp_models.inference.
-#: batched_lbfgs`), stopping when every member's bound changes by less than 1e-6 (relative)
-#: over 10 iterations, at most 3000 (composite kernels and many inputs take 500–2500: Mauna Loa
-#: CO2 with a five-part kernel ~860 in one partition, Boston housing's 13 inputs 900, its
-#: meta-GP 1020).
+#: Gaussian likelihoods (local fits, meta-GPs, a multitask iGP's tasks): the collapsed bound,
+#: fitted by L-BFGS with one memory and one step length per independent member
+#: (:mod:`pyrogp_models.inference.batched_lbfgs`), stopping when every member's bound changes by
+#: less than 1e-6 (relative) over 10 iterations, at most 3000 (composite kernels and many inputs
+#: take 500–2500: Mauna Loa CO2 with a five-part kernel ~860 in one partition, Boston housing's
+#: 13 inputs 900, its meta-GP 1020; a multitask iGP on gilgai's 4 × 365 rows 120).
 COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=3000, window=10, tol=1e-6)
 #: The uncollapsed bound otherwise (minibatches, a Gaussian likelihood asked for uncollapsed, the
 #: categorical): a unit natural-gradient step on every q(u)
@@ -113,9 +113,9 @@ DISTRIBUTED_KERNEL_COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, ste
 #: 1000 steps.
 DISTRIBUTED_KERNEL_SVI_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=50,
                                             tol=1e-6)
-#: Multitask models with a deterministic objective (single-layer iGP, cGP): L-BFGS (lr 1, strong
-#: Wolfe), at most 500 steps of 20 iterations, converged when the ELBO changes by < 1e-7
-#: (relative) over 2 steps.
+#: Multitask models with a deterministic objective whose tasks share parameters (cGP; an iGP
+#: with a likelihood other than Gaussian): L-BFGS (lr 1, strong Wolfe), at most 500 steps of 20
+#: iterations, converged when the ELBO changes by < 1e-7 (relative) over 2 steps.
 MULTITASK_SHALLOW_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, tol=1e-7, window=2)
 #: Multitask deep GPs: Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of
 #: 100 steps changes by < 1e-5 (relative) beyond twice its standard error, or — back at the best

@@ -110,8 +110,9 @@ class PreStepHook(Protocol):
 def _make_optimizer(config: TrainConfig, params, module):
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr)
-    if isinstance(module, IndependentMembers):
-        return BatchedLBFGS(module.member_objectives())
+    members = module.member_objectives() if isinstance(module, IndependentMembers) else None
+    if members is not None:
+        return BatchedLBFGS(members)
     return torch.optim.LBFGS(params, lr=config.lr, max_iter=20, history_size=50,
                              line_search_fn="strong_wolfe", tolerance_grad=1e-12,
                              tolerance_change=1e-14)

@@ -3,6 +3,7 @@ ending below it; Pyro's Trace_ELBO agrees with TraceMeanField_ELBO (float64, the
 
 import math
 
+import numpy as np
 import pyro
 import pytest
 import torch
@@ -205,3 +206,35 @@ def test_a_gaussian_igp_by_default_reaches_the_collapsed_optimum():
     before = float(fit.model.elbo())
     NaturalGradient(fit.model, 1.0)(lambda: -fit.model.elbo())
     assert float(fit.model.elbo()) == pytest.approx(before, abs=1e-6)
+
+
+def test_an_igp_task_fitted_beside_others_ends_where_it_ends_alone():
+    """iGP's tasks are independent problems on its collapsed bound: the batched L-BFGS gives
+    each its own memory and step length and pins it at its optimum, so a task's predictions do
+    not depend on the tasks fitted beside it."""
+    (X, y0), (_, y1) = toy_tasks(25, seed=2)
+    y1 = np.sin(6 * X[:, 0]) + 0.1 * np.cos(40 * X[:, 0])  # another task at the same X
+    spec = MultitaskSpec(model="igp")
+    beside = fit_multitask_dgp([(X, y0), (X, y1)], spec)
+    alone = fit_multitask_dgp([(X, y0)], spec)
+    assert beside.model.member_objectives() is None  # outside the collapsed objective
+    grid = torch.linspace(-0.2, 1.2, 50).unsqueeze(-1)
+    labels = torch.zeros(50, dtype=torch.long)
+    mean_beside, var_beside = beside.predictor.predict_y(grid, labels)
+    mean_alone, var_alone = alone.predictor.predict_y(grid, labels)
+    assert beside.result.member_converged == [True, True]  # judged task by task
+    assert alone.result.member_converged == [True]
+    assert torch.allclose(mean_beside, mean_alone, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(var_beside, var_alone, rtol=1e-5, atol=1e-8)
+
+
+def test_only_an_igp_on_its_collapsed_bound_splits_into_task_members():
+    data, _ = toy_data(20)
+    for kind, independent in (("igp", True), ("cgp", False)):
+        model = build_model(kind, data, MultitaskOptions(num_inducing=6, noise="independent"))
+        with model.collapsed_objective():
+            members = model.member_objectives()
+            assert (members is not None) == independent
+            if independent:
+                (_, objective), = members
+                assert torch.allclose(-objective().sum(), model.collapsed_bound())

@@ -338,14 +338,25 @@ class MultitaskGP(PyroModule):
                 and self.options.batch_size is None
                 and (isinstance(self.top, TaskGPs) or self.top.layer.covariance == "joint"))
 
-    def collapsed_bound(self) -> torch.Tensor:
+    @property
+    def independent_tasks(self) -> bool:
+        """Whether the collapsed bound is a sum of independent per-task problems: a GP per task
+        (iGP) with its own noise, every parameter with a leading task dimension."""
+        return (self.collapsible and isinstance(self.top, TaskGPs) and self.site_noise is None
+                and all(parameter.shape[:1] == (self.num_tasks,)
+                        for parameter in self.parameters()))
+
+    def collapsed_bound(self, per_task: bool = False) -> torch.Tensor:
         """Titsias' bound on all rows: the ELBO (eq. 9) at the top layer's optimal q(v) for the
         current hyperparameters (:func:`~pyrogp_models.gaussian.collapsed_bound.collapsed_bound`
         of the top layer's features; one bound per task for a GP per task, one for a
-        coregionalised GP)."""
+        coregionalised GP); ``per_task``: the bound of every task [T] of an iGP
+        (:attr:`independent_tasks`) instead of their sum."""
         if not self.collapsible:
             raise ValueError(f"this {self.kind} has no collapsed bound (it needs a single "
                              "layer, a Gaussian likelihood and all rows)")
+        if per_task and not self.independent_tasks:
+            raise ValueError(f"the collapsed bound of this {self.kind} does not split by task")
         if self.site_noise is not None:
             features, residuals, unexplained, weights, log_scales = (
                 value.flatten(0, 1) for value in self.whitened_rows())
@@ -363,7 +374,24 @@ class MultitaskGP(PyroModule):
                  unexplained.reshape(y.shape))
         if isinstance(self.top, CoregionalisedGP):  # one joint q: every row of every task
             terms = (terms[0].flatten(0, 1), *(term.flatten() for term in terms[1:]))
-        return collapsed_bound(*terms).sum()
+        bounds = collapsed_bound(*terms)
+        return bounds if per_task else bounds.sum()
+
+    def member_objectives(self, precise: bool = False) -> list | None:
+        """Within :meth:`collapsed_objective`, an iGP's (parameters, −bound [T]): its tasks are
+        independent problems, so the batched L-BFGS keeps one memory and one step length per
+        task (:class:`~pyrogp_models.inference.protocols.IndependentMembers`; the bound is
+        always evaluated precisely). None for any other model or objective: its tasks share
+        parameters."""
+        if not (self.collapsed and self.independent_tasks):
+            return None
+        parameters = [parameter for parameter in self.parameters() if parameter.requires_grad]
+        return [(parameters, lambda: -self.collapsed_bound(per_task=True))]
+
+    def held_parameters(self) -> list[torch.nn.Parameter]:
+        """The top layer's inducing inputs, which the batched L-BFGS may hold late in a fit
+        (:class:`~pyrogp_models.inference.protocols.HeldParameters`)."""
+        return self.top.layer.inducing_parameters()
 
     @contextmanager
     def collapsed_objective(self):
