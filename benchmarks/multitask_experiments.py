@@ -1174,7 +1174,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(1)
     started = time.perf_counter()
     print(f"multitask experiments ({'quick' if args.quick else 'full'}): {only}, "
-          f"{args.workers} workers", flush=True)
+          f"{args.workers} worker{'s' if args.workers > 1 else ''}", flush=True)
     results, seconds = run_all(settings, only, args.workers, real_models)
     payload = {"benchmark": "multitask_experiments", "mode": "quick" if args.quick else "full",
                "machine": machine_info(), "settings": asdict(settings),
@@ -1185,6 +1185,8 @@ def main(argv=None) -> dict:
         made = (previous.get("kept_from", {}).get("real") or previous["machine"]["commit"])
         payload["real_kept_from"] = {kind: previous.get("real_kept_from", {}).get(kind, made)
                                      for kind in kept}
+    elif "real" not in only and previous.get("real_kept_from"):  # the kept section's own rows
+        payload["real_kept_from"] = previous["real_kept_from"]
     sections = []
     for key, (title, report) in EXPERIMENTS.items():
         if key in only:

@@ -171,9 +171,10 @@ def default_config(spec: MultitaskSpec) -> TrainConfig:
 
     - iGP with a Gaussian likelihood on all rows: its collapsed bound per task
       (:meth:`MultitaskGP.collapsed_bound`) by the batched L-BFGS of the local fits, one memory
-      and one step length per task (:data:`COLLAPSED_CONFIG`: converged when every task's bound
-      changes by < 1e-6 relative over 10 iterations, then pinned), q(u) set to its optimum at
-      the end;
+      and one step length per task
+      (:data:`~pyrogp_models.inference.train_config.COLLAPSED_CONFIG`: converged when every
+      task's bound changes by < 1e-6 relative over 10 iterations, then pinned), q(u) set to its
+      optimum at the end;
     - another deterministic single-layer objective: L-BFGS (lr 1, strong Wolfe), at most 500
       steps of 20 iterations, converged when the ELBO changes by < 1e-7 relative over 2 steps;
       with a Gaussian likelihood (cGP) on the collapsed bound over the joint q of its latent

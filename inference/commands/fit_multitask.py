@@ -23,6 +23,7 @@ from pyrogp_models.inference.commands.arguments import (
     add_seed,
 )
 from pyrogp_models.inference.train_config import (
+    COLLAPSED_CONFIG,
     MAX_DEFAULT_TASK_INDUCING,
     MULTITASK_DEEP_CONFIG,
     MULTITASK_SHALLOW_CONFIG,
@@ -98,9 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "stay fixed")
     parser.add_argument("--steps", type=int, metavar="N",
                         help="maximum optimiser steps of the model; the fit stops earlier once "
-                             f"converged (default: {MULTITASK_SHALLOW_CONFIG.steps} L-BFGS steps "
-                             f"for igp and cgp, {MULTITASK_DEEP_CONFIG.steps} Adam steps for the "
-                             "deep models, which first fit the shallow model they contain — "
+                             f"converged (default: {COLLAPSED_CONFIG.steps} L-BFGS iterations "
+                             "for a gaussian igp, one evaluation each, "
+                             f"{MULTITASK_SHALLOW_CONFIG.steps} L-BFGS steps of up to 20 "
+                             f"iterations for cgp, {MULTITASK_DEEP_CONFIG.steps} Adam steps for "
+                             "the deep models, which first fit the shallow model they contain — "
                              "igp, cgp for cmdgp — start from it and keep the better ELBO)")
     parser.add_argument("--lr", type=float, metavar="LR",
                         help=f"learning rate (default: {MULTITASK_DEEP_CONFIG.lr:g} for Adam, "
