@@ -20,8 +20,9 @@ per-dataset values (its App. B): √D on the D standardised inputs and √W on a
    **Transfer toys**: two tasks warping one latent (periodic, or a sum of three sinusoids)
    differently, task 2 with a gap; mMDGP against iGP in the gap, 5 seeds each.
    **Real heterotopic data**: one output hidden on a stretch of rows where the others are
-   observed (gilgai soil transect, tuned on; New York air quality and US macro data, held out);
-   every GP with the defaults against a linear regression on the co-located outputs.
+   observed (gilgai soil transect, tuned on; New York air quality, US macro data and Danish
+   money demand, held out); every GP with the defaults against a linear regression on the
+   co-located outputs and a linear interpolation of the hidden output across the stretch.
 2. **Digits variations** (Table 3): scikit-learn's 8 × 8 digits as three tasks — clean, random
    background (zero pixels replaced by U[0, 1] noise, the LISA recipe) and image background
    (zero pixels replaced by a grey patch of the bundled sample photographs). Disjoint training
@@ -110,7 +111,7 @@ class Settings:
     max_steps: int | None = None
     transfer_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     transfer_points: int = 60
-    real_sets: tuple[str, ...] = ("gilgai", "airquality", "macro")
+    real_sets: tuple[str, ...] = ("gilgai", "airquality", "macro", "danish")
     real_stretches: tuple[int, ...] = (0, 1, 2)
     tuned_stretches: tuple[int, ...] = (1,)
     real_models: tuple[str, ...] = REAL_MODELS
@@ -439,10 +440,25 @@ def macro_data() -> tuple[np.ndarray, list[str], np.ndarray]:
     return np.arange(len(Y), dtype=float)[:, None], names, Y
 
 
+def danish_data() -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Danish money demand 1974–1987 by quarter (statsmodels ``danish_data``, 55 quarters):
+    quarter, task names, outputs [55, 5] (log real money, log real income, log prices, bond
+    rate, deposit rate)."""
+    from statsmodels.datasets import danish_data as danish
+
+    names = ["lrm", "lry", "lpy", "ibo", "ide"]
+    Y = danish.load_pandas().data[names].to_numpy(dtype=float)
+    return np.arange(len(Y), dtype=float)[:, None], names, Y
+
+
 #: data set → (loader, hidden task, stretches [start, stop) of rows, whether tuned on).
 REAL_SETS = {"gilgai": (gilgai_data, 1, ((60, 120), (150, 210), (250, 310)), True),
              "airquality": (airquality_data, 0, ((0, 30), (62, 92), (95, 125)), False),
-             "macro": (macro_data, 1, ((60, 80), (120, 140), (170, 190)), False)}
+             "macro": (macro_data, 1, ((60, 80), (120, 140), (170, 190)), False),
+             "danish": (danish_data, 0, ((10, 20), (25, 35), (40, 50)), False)}
+#: Baselines of the real-data experiment, fitted on every run: the linear regression on the
+#: co-located outputs and the linear interpolation of the hidden output.
+REAL_BASELINES = ("lr", "li")
 
 
 def real_split(name: str, stretch: int):
@@ -473,10 +489,16 @@ def linear_regression_on_outputs(Y: np.ndarray, hidden: int, train: np.ndarray,
 
 def real_job(kind: str, seed: int, s: Settings, name: str) -> dict:
     """RMSE on the hidden stretch (``seed`` names the stretch) in units of the hidden output's
-    training sd; ``kind`` "lr" is the linear regression on the co-located outputs."""
+    training sd; ``kind`` "lr" is the linear regression on the co-located outputs, "li" the
+    linear interpolation of the hidden output's training rows (the inputs are 1-D)."""
     pairs, X, Y, test, hidden = real_split(name, seed)
     scale = pairs[hidden][1].std()
     truth = Y[test, hidden]
+    if kind == "li":
+        inputs, outputs = pairs[hidden][0][:, 0], pairs[hidden][1]
+        order = np.argsort(inputs)
+        prediction = np.interp(X[test, 0], inputs[order], outputs[order])
+        return {"rmse": metrics.rmse(truth, prediction) / scale}
     if kind == "lr":
         train = ~np.isnan(Y).any(1) & ~test
         train[np.flatnonzero(test).min():np.flatnonzero(test).max() + 1] = False
@@ -504,8 +526,9 @@ def _ratios(values: list[float]) -> str:
 
 def experiment_real(results: dict, s: Settings, out: Path, suffix: str) -> tuple[str, dict]:
     record, texts = {}, []
-    kinds = ("lr", *s.real_models)
-    names = {**NAMES, "lr": "linear regression on the co-located outputs"}
+    kinds = (*REAL_BASELINES, *s.real_models)
+    names = {**NAMES, "lr": "linear regression on the co-located outputs",
+             "li": "linear interpolation of the hidden output"}
     for name in s.real_sets:
         loader, hidden, stretches, tuned = REAL_SETS[name]
         _, tasks, _ = loader()
@@ -513,18 +536,18 @@ def experiment_real(results: dict, s: Settings, out: Path, suffix: str) -> tuple
                 for kind in kinds}
         rows = [[names[kind]] + [f"{r['rmse']:.3f}" for r in runs[kind]]
                 + [f"{np.mean([r['rmse'] for r in runs[kind]]):.3f}"]
-                + [f"{np.mean([r['seconds'] for r in runs[kind]]):.0f}" if kind != "lr"
-                   else "–"] for kind in kinds]
+                + [f"{np.mean([r['seconds'] for r in runs[kind]]):.0f}"
+                   if kind not in REAL_BASELINES else "–"] for kind in kinds]
         header = ["model", *(f"rows {stretches[i][0]}–{stretches[i][1] - 1}"
                              for i in real_stretches(s, name)), "mean", "seconds"]
         mean = {kind: float(np.mean([r["rmse"] for r in runs[kind]])) for kind in kinds}
         default = MultitaskSpec().model
         checks = {"default_over_lr": mean[default] / mean["lr"],
                   "default_over_igp": mean[default] / mean["igp"],
-                  "per_stretch_over_lr": [d["rmse"] / b["rmse"] for d, b in
-                                          zip(runs[default], runs["lr"], strict=True)],
-                  "per_stretch_over_igp": [d["rmse"] / b["rmse"] for d, b in
-                                           zip(runs[default], runs["igp"], strict=True)]}
+                  "default_over_li": mean[default] / mean["li"],
+                  **{f"per_stretch_over_{base}": [d["rmse"] / b["rmse"] for d, b in
+                                                  zip(runs[default], runs[base], strict=True)]
+                     for base in ("lr", "igp", "li")}}
         checks["met"] = checks["default_over_lr"] <= 1.2 and checks["default_over_igp"] <= 0.8
         checks["met_every_stretch"] = (max(checks["per_stretch_over_lr"]) <= 1.2
                                        and max(checks["per_stretch_over_igp"]) <= 0.8)
@@ -540,7 +563,9 @@ def experiment_real(results: dict, s: Settings, out: Path, suffix: str) -> tuple
               f"{checks['default_over_lr']:.2f} (target ≤ 1.2; per stretch "
               f"{_ratios(checks['per_stretch_over_lr'])}); over independent GPs: "
               f"{checks['default_over_igp']:.2f} (target ≤ 0.8; per stretch "
-              f"{_ratios(checks['per_stretch_over_igp'])}).")
+              f"{_ratios(checks['per_stretch_over_igp'])}); over linear interpolation: "
+              f"{checks['default_over_li']:.2f} (per stretch "
+              f"{_ratios(checks['per_stretch_over_li'])}).")
     text = ("RMSE on the hidden stretch, in units of the hidden output's training sd; every GP "
             "with the command line's defaults.\n\n" + "\n\n".join(texts))
     return text, record
@@ -1020,9 +1045,10 @@ JOBS = {"toy": toy_job, "transfer": transfer_job, "real": real_job, "digits": di
         "arm": arm_job, "faims": faims_job}
 
 
-def job_list(s: Settings, only, real_models=None) -> list[tuple]:
+def job_list(s: Settings, only, real_models=None, new_sets=()) -> list[tuple]:
     """Every fit as a key (experiment, model, seed[, N]), the most expensive first; the real-data
-    experiment fits only ``real_models`` (and the regression) where given."""
+    experiment fits only ``real_models`` (and the baselines) where given, but every model on the
+    data sets of ``new_sets`` (none of whose rows can be kept)."""
     jobs = []
     if "toy" in only:
         jobs += [("toy", kind, seed) for kind in (*MODELS, "cgp1") for seed in s.toy_seeds]
@@ -1031,8 +1057,10 @@ def job_list(s: Settings, only, real_models=None) -> list[tuple]:
                  for kind in TRANSFER_MODELS for seed in s.transfer_seeds]
     if "real" in only:
         jobs += [("real", kind, seed, name) for name in s.real_sets
-                 for kind in ("lr", *s.real_models) for seed in real_stretches(s, name)
-                 if real_models is None or kind in ("lr", *real_models)]
+                 for kind in (*REAL_BASELINES, *s.real_models)
+                 for seed in real_stretches(s, name)
+                 if real_models is None or name in new_sets
+                 or kind in (*REAL_BASELINES, *real_models)]
     if "digits" in only:
         jobs += [("digits", kind, seed) for kind in MODELS for seed in s.digits_seeds]
     if "arm" in only:
@@ -1061,15 +1089,16 @@ def run_job(key: tuple, s: Settings) -> tuple[tuple, dict, float]:
 
 
 def kept_real_runs(previous: dict, s: Settings, kinds) -> dict:
-    """The previous results' real-data records of ``kinds``, keyed as :func:`job_list` keys
-    them."""
+    """The previous results' real-data records of ``kinds`` on the data sets they have, keyed as
+    :func:`job_list` keys them."""
     return {("real", kind, seed, name): previous["real"][name]["runs"][kind][index]
-            for name in s.real_sets for kind in kinds
+            for name in s.real_sets if name in previous["real"] for kind in kinds
             for index, seed in enumerate(real_stretches(s, name))}
 
 
-def run_all(s: Settings, only, workers: int, real_models=None) -> tuple[dict, dict]:
-    jobs = job_list(s, only, real_models)
+def run_all(s: Settings, only, workers: int, real_models=None, new_sets=()
+            ) -> tuple[dict, dict]:
+    jobs = job_list(s, only, real_models, new_sets)
     results, seconds = {}, {}
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
@@ -1175,7 +1204,9 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     print(f"multitask experiments ({'quick' if args.quick else 'full'}): {only}, "
           f"{args.workers} worker{'s' if args.workers > 1 else ''}", flush=True)
-    results, seconds = run_all(settings, only, args.workers, real_models)
+    new_sets = tuple(name for name in settings.real_sets
+                     if name not in previous.get("real", {}))
+    results, seconds = run_all(settings, only, args.workers, real_models, new_sets)
     payload = {"benchmark": "multitask_experiments", "mode": "quick" if args.quick else "full",
                "machine": machine_info(), "settings": asdict(settings),
                "fit_seconds": seconds, "rerun": only, "kept_from": {}}
@@ -1185,14 +1216,17 @@ def main(argv=None) -> dict:
         made = (previous.get("kept_from", {}).get("real") or previous["machine"]["commit"])
         payload["real_kept_from"] = {kind: previous.get("real_kept_from", {}).get(kind, made)
                                      for kind in kept}
+        payload["real_kept_sets"] = [name for name in settings.real_sets if name not in new_sets]
     elif "real" not in only and previous.get("real_kept_from"):  # the kept section's own rows
         payload["real_kept_from"] = previous["real_kept_from"]
+        payload["real_kept_sets"] = previous.get("real_kept_sets", list(previous["real"]))
     sections = []
     for key, (title, report) in EXPERIMENTS.items():
         if key in only:
             text, record = report(results, settings, out, suffix)
             if key == "real" and payload.get("real_kept_from"):
-                text = ("*Rows kept from earlier runs: "
+                text = (f"*Rows of {', '.join(payload['real_kept_sets'])} kept from earlier "
+                        "runs: "
                         + ", ".join(f"{kind} (commit {commit})"
                                     for kind, commit in payload["real_kept_from"].items())
                         + ".*\n\n" + text)

@@ -107,10 +107,10 @@ def test_multitask_experiments_quick(tmp_path):
         assert len(transfer["ratios"]) == len(settings["transfer_seeds"])
     for name in settings["real_sets"]:
         real = payload["real"][name]
-        assert set(real["runs"]) == {"lr", *settings["real_models"]}
-        assert set(real["checks"]) == {"default_over_lr", "default_over_igp", "met",
-                                       "per_stretch_over_lr", "per_stretch_over_igp",
-                                       "met_every_stretch"}
+        assert set(real["runs"]) == {"lr", "li", *settings["real_models"]}
+        assert set(real["checks"]) == {"default_over_lr", "default_over_igp", "default_over_li",
+                                       "met", "per_stretch_over_lr", "per_stretch_over_igp",
+                                       "per_stretch_over_li", "met_every_stretch"}
         assert all(run["rmse"] > 0 for runs in real["runs"].values() for run in runs)
 
     for run in (run for runs in payload["digits"]["runs"].values() for run in runs):
@@ -210,11 +210,11 @@ def test_a_section_kept_twice_names_one_commit_and_keeps_its_text():
 
 
 def test_the_real_data_experiment_reruns_the_models_named_and_keeps_the_others_rows():
-    """``--real-models cgp``: the real-data jobs are the regression's and cGP's; every other
+    """``--real-models cgp``: the real-data jobs are the baselines' and cGP's; every other
     model's record is the previous results' record of the same set and stretch."""
     jobs = job_list(FULL, ["real"], ["cgp"])
-    assert {key[1] for key in jobs} == {"lr", "cgp"}
-    assert len(jobs) == 2 * sum(len(real_stretches(FULL, name)) for name in FULL.real_sets)
+    assert {key[1] for key in jobs} == {"lr", "li", "cgp"}
+    assert len(jobs) == 3 * sum(len(real_stretches(FULL, name)) for name in FULL.real_sets)
     previous = {"real": {name: {"runs": {kind: [{"rmse": hash((name, kind, i))}
                                                 for i in range(len(real_stretches(FULL, name)))]
                                          for kind in FULL.real_models}}
@@ -224,4 +224,16 @@ def test_the_real_data_experiment_reruns_the_models_named_and_keeps_the_others_r
     for (_, kind, seed, name), record in kept.items():
         index = real_stretches(FULL, name).index(seed)
         assert record == previous["real"][name]["runs"][kind][index]
-    assert len(kept) == len(jobs) // 2
+    assert len(kept) == len(jobs) // 3
+
+
+def test_a_real_data_set_without_previous_rows_fits_every_model():
+    """A data set new to the results keeps nothing: every model is fitted on it, while the
+    other sets rerun only the models named."""
+    new = FULL.real_sets[-1]
+    jobs = job_list(FULL, ["real"], ["igp"], new_sets=(new,))
+    assert {key[1] for key in jobs if key[3] == new} == {"lr", "li", *FULL.real_models}
+    assert {key[1] for key in jobs if key[3] != new} == {"lr", "li", "igp"}
+    previous = {"real": {name: {"runs": {kind: [{"rmse": 1.0}] * 3 for kind in FULL.real_models}}
+                         for name in FULL.real_sets if name != new}}
+    assert all(key[3] != new for key in kept_real_runs(previous, FULL, ["cgp"]))
