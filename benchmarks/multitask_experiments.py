@@ -1096,6 +1096,15 @@ def kept_real_runs(previous: dict, s: Settings, kinds) -> dict:
             for index, seed in enumerate(real_stretches(s, name))}
 
 
+def kept_real_commits(previous: dict, kinds, names) -> dict[str, dict[str, str]]:
+    """The commit that made every kept real-data row, {data set: {model: commit}}: the one the
+    previous results name for a row they kept themselves, else the previous run's."""
+    made = previous.get("kept_from", {}).get("real") or previous["machine"]["commit"]
+    earlier = previous.get("real_kept_from", {})
+    return {name: {kind: earlier.get(name, {}).get(kind, made) for kind in kinds}
+            for name in names}
+
+
 def run_all(s: Settings, only, workers: int, real_models=None, new_sets=()
             ) -> tuple[dict, dict]:
     jobs = job_list(s, only, real_models, new_sets)
@@ -1213,22 +1222,19 @@ def main(argv=None) -> dict:
     if real_models is not None and "real" in only:
         kept = [kind for kind in settings.real_models if kind not in real_models]
         results.update(kept_real_runs(previous, settings, kept))
-        made = (previous.get("kept_from", {}).get("real") or previous["machine"]["commit"])
-        payload["real_kept_from"] = {kind: previous.get("real_kept_from", {}).get(kind, made)
-                                     for kind in kept}
-        payload["real_kept_sets"] = [name for name in settings.real_sets if name not in new_sets]
+        payload["real_kept_from"] = kept_real_commits(
+            previous, kept, [name for name in settings.real_sets if name not in new_sets])
     elif "real" not in only and previous.get("real_kept_from"):  # the kept section's own rows
         payload["real_kept_from"] = previous["real_kept_from"]
-        payload["real_kept_sets"] = previous.get("real_kept_sets", list(previous["real"]))
     sections = []
     for key, (title, report) in EXPERIMENTS.items():
         if key in only:
             text, record = report(results, settings, out, suffix)
             if key == "real" and payload.get("real_kept_from"):
-                text = (f"*Rows of {', '.join(payload['real_kept_sets'])} kept from earlier "
-                        "runs: "
-                        + ", ".join(f"{kind} (commit {commit})"
-                                    for kind, commit in payload["real_kept_from"].items())
+                text = ("*Rows kept from earlier runs: "
+                        + "; ".join(f"{name}: " + ", ".join(f"{kind} (commit {commit})"
+                                                            for kind, commit in kinds.items())
+                                    for name, kinds in payload["real_kept_from"].items())
                         + ".*\n\n" + text)
             print(f"\n{title}\n{text}", flush=True)
         else:
@@ -1253,8 +1259,7 @@ def main(argv=None) -> dict:
               f"process{'es' if args.workers > 1 else ''} of one thread, torch "
               f"{torch.__version__}, shared machine). Mean ± s.e. over seeds.\n\n"
               f"{__doc__.split(chr(10) + chr(10), 1)[1].split('Writes ')[0]}")
-    (out / f"multitask_experiments{suffix}.md").write_text(header + "\n".join(sections),
-                                                           encoding="utf-8")
+    path.with_suffix(".md").write_text(header + "\n".join(sections), encoding="utf-8")
     write_json(path, payload)
     print(f"\nJSON written to {path}", flush=True)
     return payload

@@ -19,6 +19,7 @@ from multitask_experiments import (  # noqa: E402
     _kept_text,
     arm_torques,
     job_list,
+    kept_real_commits,
     kept_real_runs,
     real_stretches,
     standardised_nlpd,
@@ -237,3 +238,15 @@ def test_a_real_data_set_without_previous_rows_fits_every_model():
     previous = {"real": {name: {"runs": {kind: [{"rmse": 1.0}] * 3 for kind in FULL.real_models}}
                          for name in FULL.real_sets if name != new}}
     assert all(key[3] != new for key in kept_real_runs(previous, FULL, ["cgp"]))
+
+
+def test_a_kept_real_data_row_names_the_commit_that_made_it():
+    """Rows the previous results kept keep their commit; rows the previous run made get its
+    commit — per data set, so a set first fitted later is not credited to an older commit."""
+    previous = {"machine": {"commit": "new"}, "kept_from": {},
+                "real_kept_from": {"macro": {"cgp": "old"}}}
+    commits = kept_real_commits(previous, ["cgp", "smdgp"], ["macro", "danish"])
+    assert commits == {"macro": {"cgp": "old", "smdgp": "new"},
+                       "danish": {"cgp": "new", "smdgp": "new"}}
+    previous["kept_from"]["real"] = "kept"   # a section kept whole names its own commit
+    assert kept_real_commits(previous, ["smdgp"], ["danish"]) == {"danish": {"smdgp": "kept"}}
