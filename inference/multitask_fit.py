@@ -47,6 +47,7 @@ from pyrogp_models.inference.train_config import (
     COLLAPSED_CONFIG,
     MULTITASK_DEEP_CONFIG,
     MULTITASK_SHALLOW_CONFIG,
+    MULTITASK_UNCOLLAPSED_CONFIG,
     TrainConfig,
 )
 from pyrogp_models.inference.trainer import TrainResult, train
@@ -178,15 +179,18 @@ def default_config(spec: MultitaskSpec) -> TrainConfig:
     - another deterministic single-layer objective: L-BFGS (lr 1, strong Wolfe), at most 500
       steps of 20 iterations, converged when the ELBO changes by < 1e-7 relative over 2 steps;
       with a Gaussian likelihood (cGP) on the collapsed bound over the joint q of its latent
-      GPs, q(u) set to its optimum at the end;
+      GPs, q(u) set to its optimum at the end; with another likelihood, q(u) among the
+      parameters, converged at < 1e-5
+      (:data:`~pyrogp_models.inference.train_config.MULTITASK_UNCOLLAPSED_CONFIG`);
     - otherwise Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of 100
       steps changes by < 1e-5 relative beyond twice its standard error or — back at the lowest
       window's parameters — ends above the lowest window's mean, with natural-gradient
       steps on q(u) (γ = 1 for a single-layer model; 0.1 on a deep model's top layer where the
       likelihood is Gaussian)."""
     if deterministic_objective(spec, spec.model):
-        return (COLLAPSED_CONFIG if spec.model == "igp" and spec.likelihood == "gaussian"
-                else MULTITASK_SHALLOW_CONFIG)
+        if spec.likelihood != "gaussian":
+            return MULTITASK_UNCOLLAPSED_CONFIG
+        return COLLAPSED_CONFIG if spec.model == "igp" else MULTITASK_SHALLOW_CONFIG
     config = MULTITASK_DEEP_CONFIG
     if spec.model in CONTAINED.values():
         return replace(config, natural_gradient_lr=1.0)
