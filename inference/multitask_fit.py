@@ -183,7 +183,7 @@ def default_config(spec: MultitaskSpec) -> TrainConfig:
       parameters, converged at < 1e-5
       (:data:`~pyrogp_models.inference.train_config.MULTITASK_UNCOLLAPSED_CONFIG`);
     - otherwise Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of 100
-      steps changes by < 1e-5 relative beyond twice its standard error or — back at the lowest
+      steps changes by < 1e-4 relative beyond twice its standard error or — back at the lowest
       window's parameters — ends above the lowest window's mean, with natural-gradient
       steps on q(u) (γ = 1 for a single-layer model; 0.1 on a deep model's top layer where the
       likelihood is Gaussian)."""
