@@ -168,25 +168,24 @@ def deterministic_objective(spec: MultitaskOptions, model: str) -> bool:
 
 
 def default_config(spec: MultitaskSpec) -> TrainConfig:
-    """How ``spec.model`` trains by default (see the module docstring):
+    """How ``spec.model`` trains by default (see the module docstring; the settings and the
+    measurements behind them are in :mod:`~pyrogp_models.inference.train_config`):
 
     - iGP with a Gaussian likelihood on all rows: its collapsed bound per task
       (:meth:`MultitaskGP.collapsed_bound`) by the batched L-BFGS of the local fits, one memory
-      and one step length per task
-      (:data:`~pyrogp_models.inference.train_config.COLLAPSED_CONFIG`: converged when every
-      task's bound changes by < 1e-6 relative over 10 iterations, then pinned), q(u) set to its
-      optimum at the end;
-    - another deterministic single-layer objective: L-BFGS (lr 1, strong Wolfe), at most 500
-      steps of 20 iterations, converged when the ELBO changes by < 1e-7 relative over 2 steps;
-      with a Gaussian likelihood (cGP) on the collapsed bound over the joint q of its latent
-      GPs, q(u) set to its optimum at the end; with another likelihood, q(u) among the
-      parameters, converged at < 1e-5
+      and one step length per task, then pinned
+      (:data:`~pyrogp_models.inference.train_config.COLLAPSED_CONFIG`); q(u) set to its optimum
+      at the end;
+    - another deterministic single-layer objective: L-BFGS (strong Wolfe) — with a Gaussian
+      likelihood (cGP) on the collapsed bound over the joint q of its latent GPs
+      (:data:`~pyrogp_models.inference.train_config.MULTITASK_SHALLOW_CONFIG`), q(u) set to its
+      optimum at the end; with another likelihood, q(u) among the parameters
       (:data:`~pyrogp_models.inference.train_config.MULTITASK_UNCOLLAPSED_CONFIG`);
-    - otherwise Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of 100
-      steps changes by < 1e-4 relative beyond twice its standard error or — back at the lowest
-      window's parameters — ends above the lowest window's mean, with natural-gradient
-      steps on q(u) (γ = 1 for a single-layer model; 0.1 on a deep model's top layer where the
-      likelihood is Gaussian)."""
+    - otherwise Adam with a change test on the mean loss of windows of steps and a return to
+      the lowest window's parameters once a window ends above it
+      (:data:`~pyrogp_models.inference.train_config.MULTITASK_DEEP_CONFIG`), with
+      natural-gradient steps on q(u) (γ = 1 for a single-layer model; 0.1 on a deep model's top
+      layer where the likelihood is Gaussian)."""
     if deterministic_objective(spec, spec.model):
         if spec.likelihood != "gaussian":
             return MULTITASK_UNCOLLAPSED_CONFIG

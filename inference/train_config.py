@@ -128,7 +128,7 @@ MULTITASK_UNCOLLAPSED_CONFIG = replace(MULTITASK_SHALLOW_CONFIG, tol=1e-5)
 #: window's parameters — when a window's mean loss ends above the lowest so far (an mMDGP on
 #: gilgai's 4 × 365 rows fell to 1600 by step 300, rose to 1682 by step 600 and settled at 1624
 #: after 1000 steps). On gilgai a deep fit from its shallow start gains 0.05–0.1 nats per 100
-#: steps after step 300 (1e-4 of its loss: 0.18 nats), within 0.02 nats of where 1e-5 stops it
+#: steps after step 300 (1e-4 of its loss: 0.18 nats), within 0.01 nats of where 1e-5 stops it
 #: 100–200 steps later; on the toys the standard error decides either way. Windows of 50 steps
 #: stopped the toys' deep fits early (docs/limits).
 MULTITASK_DEEP_CONFIG = TrainConfig(lr=0.01, steps=20000, tol=1e-4, window=100, patience=1)

@@ -11,6 +11,12 @@ r_n = y_n − c_n (the point a unit natural-gradient step reaches), and the ELBO
 e = r − Φm* (the variance terms and the KL's trace cancel: tr B⁻¹(I + ΦᵀβΦ) = K). This equals
 the textbook −½(Σβr² − ‖L_B⁻¹Φᵀβr‖²) + …, but sums two non-negative terms instead of
 subtracting two large ones, which keeps float32 fits at the float64 optimum.
+
+:func:`structured_collapsed_bound` is the same F for the features of a coregionalised GP,
+φ_n = (c_nr a_r(x_n))_r — R latent GPs' whitened projections a_r [M] at the row's input, mixed by
+the row's coefficients c_n [R] — computed at the U distinct inputs: the blocks of ΦᵀβΦ are
+Σ_u a_r(x_u) a_s(x_u)ᵀ Σ_{n at u} β_n c_nr c_ns, R²M²U operations instead of N(RM)², and no
+N × RM matrix is formed.
 """
 
 from __future__ import annotations
@@ -29,11 +35,49 @@ def collapsed_bound(features: torch.Tensor, residuals: torch.Tensor, weights: to
     precision = weights / noise
     weighted = features * (weights.sqrt() * noise.rsqrt()).unsqueeze(-1)  # √0 of a padded row
     # is a constant: its infinite derivative never meets the noise's gradient
-    eye = torch.eye(features.shape[-1], dtype=features.dtype, device=features.device)
-    B_chol = cholesky(eye + gram(weighted), 0.0, what="collapsed-bound matrix I + ΦᵀβΦ")
     projected = features.mT @ (precision * residuals).unsqueeze(-1)
+    B_chol, mean = _optimum(gram(weighted), projected)
+    fitted = (features @ mean).squeeze(-1)
+    return _bound(B_chol, mean, residuals - fitted, precision, weights, noise, unexplained)
+
+
+def structured_collapsed_bound(projections: torch.Tensor, inputs: torch.Tensor,
+                               coefficients: torch.Tensor, residuals: torch.Tensor,
+                               weights: torch.Tensor, noise: torch.Tensor,
+                               unexplained: torch.Tensor) -> torch.Tensor:
+    """F (a scalar) for the features φ_n = (c_nr a_r(x_{u_n}))_r [R·M] of N rows: the
+    projections a_r at the U distinct inputs [R, M, U], every row's input u_n [N] (an index into
+    them) and coefficients c_n [N, R]; residuals, weights, noise and unexplained as for
+    :func:`collapsed_bound` [N]."""
+    rank, size, num_inputs = projections.shape
+    precision = weights / noise
+    pairs = (precision.unsqueeze(-1) * coefficients).unsqueeze(-1) * coefficients.unsqueeze(-2)
+    pairs = pairs.new_zeros(num_inputs, rank, rank).index_add(0, inputs, pairs)  # [U, R, R]
+    scaled = projections.unsqueeze(1) * pairs.permute(1, 2, 0).unsqueeze(-2)     # [R, R, M, U]
+    blocks = scaled @ projections.mT.unsqueeze(0)                                 # [R, R, M, M]
+    sums = coefficients.new_zeros(num_inputs, rank).index_add(
+        0, inputs, (precision * residuals).unsqueeze(-1) * coefficients)        # [U, R]
+    projected = projections @ sums.mT.unsqueeze(-1)                              # [R, M, 1]
+    B_chol, mean = _optimum(blocks.transpose(1, 2).reshape(rank * size, rank * size),
+                            projected.reshape(rank * size, 1))
+    latent = (mean.reshape(rank, 1, size) @ projections).squeeze(-2)             # [R, U]
+    fitted = (coefficients * latent.mT[inputs]).sum(-1)
+    return _bound(B_chol, mean, residuals - fitted, precision, weights, noise, unexplained)
+
+
+def _optimum(gram_matrix: torch.Tensor, projected: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """L_B = chol(I + ΦᵀβΦ) and m* = B⁻¹Φᵀβr [..., K, 1] from ΦᵀβΦ and Φᵀβr."""
+    eye = torch.eye(gram_matrix.shape[-1], dtype=gram_matrix.dtype, device=gram_matrix.device)
+    B_chol = cholesky(eye + gram_matrix, 0.0, what="collapsed-bound matrix I + ΦᵀβΦ")
     mean = triangular_solve(B_chol, triangular_solve(B_chol, projected), transpose=True)
-    errors = residuals - (features @ mean).squeeze(-1)
+    return B_chol, mean
+
+
+def _bound(B_chol: torch.Tensor, mean: torch.Tensor, errors: torch.Tensor,
+           precision: torch.Tensor, weights: torch.Tensor, noise: torch.Tensor,
+           unexplained: torch.Tensor) -> torch.Tensor:
+    """F from L_B, m*, the errors e = r − Φm* and the rows' β, w, σ² and d."""
     return (-0.5 * (weights * torch.log(2 * math.pi * noise)).sum(-1)
             - 0.5 * (precision * errors.square()).sum(-1) - 0.5 * mean.square().sum((-2, -1))
             - B_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)

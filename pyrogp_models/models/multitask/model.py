@@ -42,7 +42,7 @@ import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule, pyro_method
 
-from pyrogp_models.gaussian.collapsed_bound import collapsed_bound
+from pyrogp_models.gaussian.collapsed_bound import collapsed_bound, structured_collapsed_bound
 from pyrogp_models.layers import ClosedFormGradients, SparseGPLayer, unique_name
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.multitask.data import (
@@ -273,30 +273,44 @@ class MultitaskGP(PyroModule):
     def whitened_rows(self) -> tuple[torch.Tensor, ...]:
         """The bound rows as the whitened rows of the per-site likelihood
         (:mod:`~pyrogp_models.models.multitask.noise_correlation`), per (site, task) [G, T]:
-        features b̃ [G, T, K] and residuals r̃ = L_s⁻¹D^-½(·) of the rows', the unexplained
-        variance ũ = Σ_r d_r(x_s) W̃_tr² with W̃ = L_s⁻¹D^-½W, the weights (1 where observed)
-        and log σ_t + log (L_s)_tt. A whitened row's marginal is N(b̃ᵀm, b̃ᵀSb̃ + ũ) with unit
-        noise."""
+        features b̃ = (W̃_tr a_r)_r from the latent GPs' projections a_r at the distinct inputs
+        [R, M, U] (:meth:`coregional_projections`), every row's input among them [G, T] and
+        W̃ = L_s⁻¹D^-½W [G, T, R]; residuals r̃ = L_s⁻¹D^-½(y), the unexplained variance
+        ũ = Σ_r d_r(x_s) W̃_tr², the weights (1 where observed) and log σ_t + log (L_s)_tt. A
+        whitened row's marginal is N(b̃ᵀm, b̃ᵀSb̃ + ũ) with unit noise."""
         sites, layout = self.data_sites(), self.data_layout()
-        features, _, unexplained = self.top.features(
-            self.data_X[layout.index].unsqueeze(0), per_latent=True,
-            distinct=self.distinct_inputs(self.full_batch()))
-        features = sites.gather(layout.to_long(features.squeeze(0), 1))
-        unexplained = sites.gather(layout.to_long(unexplained.squeeze(0), 1)).amax(-2)
+        projections, prior, inputs = self.coregional_projections()
+        inputs = sites.gather(layout.to_long(inputs.reshape(layout.index.shape)))
         factors = self.site_noise.site_factors(sites.mask)
         scale = self.likelihood.variance.sqrt()
         mixing = self.site_noise.whiten(factors, scale,
                                         sites.mask.unsqueeze(-1) * self.top.mixing)
-        return (self.site_noise.whiten(factors, scale, features),
+        return (projections, inputs, mixing,
                 self.site_noise.whiten(factors, scale, sites.gather(self.data_y)),
-                (mixing.square() * unexplained.unsqueeze(-2)).sum(-1),
-                sites.mask.to(features.dtype),
+                (mixing.square() * prior.mT[inputs]).sum(-1),
+                sites.mask.to(mixing.dtype),
                 self.site_noise.log_scales(factors, scale, sites.mask))
+
+    def coregional_projections(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The latent GPs' projections a_r [R, M, U] and unexplained prior variances d_r
+        [R, U] at the bound slots' U distinct inputs (every slot's own input where the tasks
+        share none), and every slot's input among them [T·P]."""
+        batch = self.full_batch()
+        distinct = self.distinct_inputs(batch)
+        if distinct is None:
+            X = self.data_X[batch.rows].flatten(0, 1)
+            inputs = torch.arange(len(X), device=X.device)
+        else:
+            X, inputs = distinct.X, distinct.index.flatten()
+        projections, prior = self.top.projections(X)
+        return projections.squeeze(-3), prior.squeeze(-2), inputs
 
     def site_data_terms(self) -> torch.Tensor:
         """The data term of eq. (9) with correlated noise, per task [T]: Σ over the task's
         whitened rows of E_q[log N(r̃ | f̃, 1)] − log σ_t − log (L_s)_tt."""
-        features, residuals, unexplained, weights, log_scales = self.whitened_rows()
+        projections, inputs, mixing, residuals, unexplained, weights, log_scales = (
+            self.whitened_rows())
+        features = _coregional_features(projections, inputs, mixing)
         q = self.top.layer
         mean = features @ q.q_mean.reshape(-1)
         var = (features @ q.q_sqrt).square().sum(-1) + unexplained
@@ -358,23 +372,26 @@ class MultitaskGP(PyroModule):
         if per_task and not self.independent_tasks:
             raise ValueError(f"the collapsed bound of this {self.kind} does not split by task")
         if self.site_noise is not None:
-            features, residuals, unexplained, weights, log_scales = (
-                value.flatten(0, 1) for value in self.whitened_rows())
-            return (collapsed_bound(features, residuals, weights, torch.ones_like(weights),
-                                    unexplained) - log_scales.sum())
+            projections, inputs, mixing, residuals, unexplained, weights, log_scales = (
+                self.whitened_rows())
+            return (structured_collapsed_bound(
+                projections, inputs.flatten(), mixing.flatten(0, 1), residuals.flatten(),
+                weights.flatten(), torch.ones_like(weights.flatten()), unexplained.flatten())
+                - log_scales.sum())
         batch = self.full_batch()
-        X, y = self.data_X[batch.rows], self.data_y[batch.rows]
-        if isinstance(self.top, CoregionalisedGP):  # latent GPs shared by the tasks
-            features, offset, unexplained = self.top.features(
-                X.unsqueeze(0), distinct=self.distinct_inputs(batch))
-        else:
-            features, offset, unexplained = self.top.features(X.unsqueeze(0))
-        terms = (features.squeeze(0), (y - offset).reshape(y.shape), batch.weights,
-                 self.likelihood.variance.unsqueeze(-1).expand_as(y),
-                 unexplained.reshape(y.shape))
+        y = self.data_y[batch.rows]
         if isinstance(self.top, CoregionalisedGP):  # one joint q: every row of every task
-            terms = (terms[0].flatten(0, 1), *(term.flatten() for term in terms[1:]))
-        bounds = collapsed_bound(*terms)
+            projections, prior, inputs = self.coregional_projections()
+            mixing = self.top.mixing.unsqueeze(1).expand(*y.shape, -1).flatten(0, 1)
+            return structured_collapsed_bound(
+                projections, inputs, mixing, y.flatten(), batch.weights.flatten(),
+                self.likelihood.variance.unsqueeze(-1).expand_as(y).flatten(),
+                (mixing.square() * prior.mT[inputs]).sum(-1))
+        features, offset, unexplained = self.top.features(self.data_X[batch.rows].unsqueeze(0))
+        bounds = collapsed_bound(features.squeeze(0), (y - offset).reshape(y.shape),
+                                 batch.weights,
+                                 self.likelihood.variance.unsqueeze(-1).expand_as(y),
+                                 unexplained.reshape(y.shape))
         return bounds if per_task else bounds.sum()
 
     def member_objectives(self, precise: bool = False) -> list | None:
@@ -490,8 +507,9 @@ class MultitaskGP(PyroModule):
         layers."""
         if self.site_noise is not None:  # whitened rows: unit noise
             with torch.no_grad():
-                features, residuals, _, weights, _ = (value.flatten(0, 1)
-                                                      for value in self.whitened_rows())
+                projections, inputs, mixing, residuals, _, weights, _ = self.whitened_rows()
+                features = _coregional_features(projections, inputs, mixing).flatten(0, 1)
+                residuals, weights = residuals.flatten(), weights.flatten()
                 errors = residuals - features @ self.top.layer.q_mean.reshape(-1)
                 return ((weights * errors) @ features,
                         -0.5 * (features * weights.unsqueeze(-1)).mT @ features)
@@ -547,3 +565,10 @@ class MultitaskGP(PyroModule):
         model = model_class(options, init, data, name)
         model.load_state_dict(tensors)
         return model
+
+
+def _coregional_features(projections: torch.Tensor, inputs: torch.Tensor, mixing: torch.Tensor
+                         ) -> torch.Tensor:
+    """The rows' features b = (c_r a_r(x))_r [..., R·M] from the latent GPs' projections at the
+    distinct inputs [R, M, U], the rows' inputs among them [...] and coefficients c [..., R]."""
+    return (mixing.unsqueeze(-1) * projections.permute(2, 0, 1)[inputs]).flatten(-2)

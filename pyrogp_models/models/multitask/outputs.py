@@ -168,10 +168,8 @@ class CoregionalisedGP(PyroModule):
         [..., T, P(, L)] (``per_latent``: the d_r themselves [..., T, P, R], L = 1).
         ``distinct``: the distinct inputs of λ = x [1, T', P, D], at which the a_r and d_r are
         evaluated once each."""
-        points = self._points(latent if distinct is None else distinct.X[None, None])
-        A = self.layer.projection(points)                                  # [..., R, 1, M, n]
-        A = A.expand(*A.shape[:-4], *self.layer.batch_shape, *A.shape[-2:])
-        prior = (self.layer.kernel.diag(points) - A.square().sum(-2)).clamp_min(0.0)
+        A, prior = self.projections(latent.flatten(-3, -2) if distinct is None
+                                    else distinct.X.unsqueeze(0))
         if distinct is not None:
             A, prior = distinct.to_slots(A), distinct.to_slots(prior)
         tasks, slots = self.mixing.shape[0], latent.shape[-2]
@@ -182,6 +180,14 @@ class CoregionalisedGP(PyroModule):
             prior = prior.unflatten(-1, latent.shape[-3:-1]).movedim(-4, -1).squeeze(-4)
             return b, 0.0, prior.expand(*prior.shape[:-3], tasks, *prior.shape[-2:])
         return b, 0.0, self._combine(prior, self.mixing.square(), latent)
+
+    def projections(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """a_r = chol(K_zz,r)⁻¹k_r(Z_r, λ) [..., R, L, M, n] and d_r = k_r(λ, λ) − ‖a_r‖²
+        [..., R, L, n] of every latent GP at the points λ [..., n, D^λ]."""
+        points = points[..., None, None, :, :]
+        A = self.layer.projection(points)
+        A = A.expand(*A.shape[:-4], *self.layer.batch_shape, *A.shape[-2:])
+        return A, (self.layer.kernel.diag(points) - A.square().sum(-2)).clamp_min(0.0)
 
     def joint_marginals(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q(f) of every task at points λ [N, D^λ] (a joint q): means [N, T] and the covariance
