@@ -362,10 +362,12 @@ class MultitaskGP(PyroModule):
 
     def collapsed_bound(self, per_task: bool = False) -> torch.Tensor:
         """Titsias' bound on all rows: the ELBO (eq. 9) at the top layer's optimal q(v) for the
-        current hyperparameters (:func:`~pyrogp_models.gaussian.collapsed_bound.collapsed_bound`
-        of the top layer's features; one bound per task for a GP per task, one for a
-        coregionalised GP); ``per_task``: the bound of every task [T] of an iGP
-        (:attr:`independent_tasks`) instead of their sum."""
+        current hyperparameters: for a GP per task one bound per task
+        (:func:`~pyrogp_models.gaussian.collapsed_bound.collapsed_bound` of its features), for a
+        coregionalised GP one from its latent GPs' projections at the distinct inputs
+        (:func:`~pyrogp_models.gaussian.collapsed_bound.structured_collapsed_bound`);
+        ``per_task``: the bound of every task [T] of an iGP (:attr:`independent_tasks`) instead
+        of their sum."""
         if not self.collapsible:
             raise ValueError(f"this {self.kind} has no collapsed bound (it needs a single "
                              "layer, a Gaussian likelihood and all rows)")
