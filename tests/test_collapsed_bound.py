@@ -5,7 +5,11 @@ with every input inducing against the exact GP's log marginal likelihood."""
 import pytest
 import torch
 
-from pyrogp_models.gaussian.collapsed_bound import collapsed_bound, structured_collapsed_bound
+from pyrogp_models.gaussian.collapsed_bound import (
+    StructuredFeatures,
+    collapsed_bound,
+    structured_collapsed_bound,
+)
 from pyrogp_models.models.multitask import MultitaskOptions, TaskData, build_model
 
 
@@ -34,7 +38,10 @@ def test_the_structured_bound_is_the_bound_of_the_dense_features(seed):
     problem = structured_problem(seed)
     leaves = [problem[key].requires_grad_() for key in
               ("projections", "coefficients", "residuals", "noise", "unexplained")]
-    structured = structured_collapsed_bound(**problem)
+    features = StructuredFeatures(problem["projections"], problem["inputs"],
+                                  problem["coefficients"])
+    structured = structured_collapsed_bound(features, problem["residuals"], problem["weights"],
+                                            problem["noise"], problem["unexplained"])
     dense = collapsed_bound(dense_features(problem["projections"], problem["inputs"],
                                            problem["coefficients"]),
                             problem["residuals"], problem["weights"], problem["noise"],

@@ -12,16 +12,17 @@ e = r − Φm* (the variance terms and the KL's trace cancel: tr B⁻¹(I + Φ�
 the textbook −½(Σβr² − ‖L_B⁻¹Φᵀβr‖²) + …, but sums two non-negative terms instead of
 subtracting two large ones, which keeps float32 fits at the float64 optimum.
 
-:func:`structured_collapsed_bound` is the same F for the features of a coregionalised GP,
-φ_n = (c_nr a_r(x_n))_r — R latent GPs' whitened projections a_r [M] at the row's input, mixed by
-the row's coefficients c_n [R] — computed at the U distinct inputs: the blocks of ΦᵀβΦ are
-Σ_u a_r(x_u) a_s(x_u)ᵀ Σ_{n at u} β_n c_nr c_ns, R²M²U operations instead of N(RM)², and no
-N × RM matrix is formed.
+:func:`structured_collapsed_bound` is the same F for the features of a coregionalised GP
+(:class:`StructuredFeatures`), φ_n = (c_nr a_r(x_n))_r — R latent GPs' whitened projections
+a_r [M] at the row's input, mixed by the row's coefficients c_n [R] — computed at the U distinct
+inputs: the blocks of ΦᵀβΦ are Σ_u a_r(x_u) a_s(x_u)ᵀ Σ_{n at u} β_n c_nr c_ns, R²M²U operations
+instead of N(RM)², and no N × RM matrix is formed.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -41,27 +42,58 @@ def collapsed_bound(features: torch.Tensor, residuals: torch.Tensor, weights: to
     return _bound(B_chol, mean, residuals - fitted, precision, weights, noise, unexplained)
 
 
-def structured_collapsed_bound(projections: torch.Tensor, inputs: torch.Tensor,
-                               coefficients: torch.Tensor, residuals: torch.Tensor,
+@dataclass(frozen=True)
+class StructuredFeatures:
+    """The features φ_n = (c_nr a_r(x_{u_n}))_r [R·M] of N rows of a coregionalised GP: the R
+    latent GPs' projections a_r at the U distinct inputs [R, M, U], every row's input u_n [N]
+    (an index into them) and coefficients c_n [N, R]."""
+
+    projections: torch.Tensor
+    inputs: torch.Tensor
+    coefficients: torch.Tensor
+
+    def dense(self) -> torch.Tensor:
+        """Φ [N, R·M]."""
+        return (self.coefficients.unsqueeze(-1)
+                * self.projections.permute(2, 0, 1)[self.inputs]).flatten(-2)
+
+    def gram(self, precision: torch.Tensor) -> torch.Tensor:
+        """Φᵀ diag(β) Φ [R·M, R·M] for β [N], block by block at the distinct inputs."""
+        rank, size, num_inputs = self.projections.shape
+        pairs = ((precision.unsqueeze(-1) * self.coefficients).unsqueeze(-1)
+                 * self.coefficients.unsqueeze(-2))
+        pairs = pairs.new_zeros(num_inputs, rank, rank).index_add(0, self.inputs, pairs)
+        scaled = self.projections.unsqueeze(1) * pairs.permute(1, 2, 0).unsqueeze(-2)
+        blocks = scaled @ self.projections.mT.unsqueeze(0)                    # [R, R, M, M]
+        return blocks.transpose(1, 2).reshape(rank * size, rank * size)
+
+    def transpose_times(self, values: torch.Tensor) -> torch.Tensor:
+        """Φᵀv [R·M] for v [N]."""
+        rank, _, num_inputs = self.projections.shape
+        sums = self.coefficients.new_zeros(num_inputs, rank).index_add(
+            0, self.inputs, values.unsqueeze(-1) * self.coefficients)         # [U, R]
+        return (self.projections @ sums.mT.unsqueeze(-1)).flatten()
+
+    def times(self, vector: torch.Tensor) -> torch.Tensor:
+        """Φv [N] for v [R·M]."""
+        rank, size, _ = self.projections.shape
+        latent = (vector.reshape(rank, 1, size) @ self.projections).squeeze(-2)  # [R, U]
+        return (self.coefficients * latent.mT[self.inputs]).sum(-1)
+
+    def mixed_variances(self, variances: torch.Tensor) -> torch.Tensor:
+        """Σ_r c_nr² v_r(x_{u_n}) [N] for the latent GPs' variances v [R, U] at the inputs."""
+        return (self.coefficients.square() * variances.mT[self.inputs]).sum(-1)
+
+
+def structured_collapsed_bound(features: StructuredFeatures, residuals: torch.Tensor,
                                weights: torch.Tensor, noise: torch.Tensor,
                                unexplained: torch.Tensor) -> torch.Tensor:
-    """F (a scalar) for the features φ_n = (c_nr a_r(x_{u_n}))_r [R·M] of N rows: the
-    projections a_r at the U distinct inputs [R, M, U], every row's input u_n [N] (an index into
-    them) and coefficients c_n [N, R]; residuals, weights, noise and unexplained as for
-    :func:`collapsed_bound` [N]."""
-    rank, size, num_inputs = projections.shape
+    """F (a scalar) for N rows with :class:`StructuredFeatures`; residuals, weights, noise and
+    unexplained as for :func:`collapsed_bound` [N]."""
     precision = weights / noise
-    pairs = (precision.unsqueeze(-1) * coefficients).unsqueeze(-1) * coefficients.unsqueeze(-2)
-    pairs = pairs.new_zeros(num_inputs, rank, rank).index_add(0, inputs, pairs)  # [U, R, R]
-    scaled = projections.unsqueeze(1) * pairs.permute(1, 2, 0).unsqueeze(-2)     # [R, R, M, U]
-    blocks = scaled @ projections.mT.unsqueeze(0)                                 # [R, R, M, M]
-    sums = coefficients.new_zeros(num_inputs, rank).index_add(
-        0, inputs, (precision * residuals).unsqueeze(-1) * coefficients)        # [U, R]
-    projected = projections @ sums.mT.unsqueeze(-1)                              # [R, M, 1]
-    B_chol, mean = _optimum(blocks.transpose(1, 2).reshape(rank * size, rank * size),
-                            projected.reshape(rank * size, 1))
-    latent = (mean.reshape(rank, 1, size) @ projections).squeeze(-2)             # [R, U]
-    fitted = (coefficients * latent.mT[inputs]).sum(-1)
+    B_chol, mean = _optimum(features.gram(precision),
+                            features.transpose_times(precision * residuals).unsqueeze(-1))
+    fitted = features.times(mean)
     return _bound(B_chol, mean, residuals - fitted, precision, weights, noise, unexplained)
 
 

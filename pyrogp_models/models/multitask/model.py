@@ -42,7 +42,11 @@ import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule, pyro_method
 
-from pyrogp_models.gaussian.collapsed_bound import collapsed_bound, structured_collapsed_bound
+from pyrogp_models.gaussian.collapsed_bound import (
+    StructuredFeatures,
+    collapsed_bound,
+    structured_collapsed_bound,
+)
 from pyrogp_models.layers import ClosedFormGradients, SparseGPLayer, unique_name
 from pyrogp_models.likelihoods import make_likelihood
 from pyrogp_models.models.multitask.data import (
@@ -270,14 +274,14 @@ class MultitaskGP(PyroModule):
         return SiteLayout(self.data_site_rows, self.data_site_mask, self.data_site,
                           self.data_task)
 
-    def whitened_rows(self) -> tuple[torch.Tensor, ...]:
+    def whitened_rows(self) -> tuple[torch.Tensor | StructuredFeatures, ...]:
         """The bound rows as the whitened rows of the per-site likelihood
-        (:mod:`~pyrogp_models.models.multitask.noise_correlation`), per (site, task) [G, T]:
-        features b̃ = (W̃_tr a_r)_r from the latent GPs' projections a_r at the distinct inputs
-        [R, M, U] (:meth:`coregional_projections`), every row's input among them [G, T] and
-        W̃ = L_s⁻¹D^-½W [G, T, R]; residuals r̃ = L_s⁻¹D^-½(y), the unexplained variance
-        ũ = Σ_r d_r(x_s) W̃_tr², the weights (1 where observed) and log σ_t + log (L_s)_tt. A
-        whitened row's marginal is N(b̃ᵀm, b̃ᵀSb̃ + ũ) with unit noise."""
+        (:mod:`~pyrogp_models.models.multitask.noise_correlation`), one per (site, task) [G·T]
+        (site-major): features b̃ = (W̃_tr a_r)_r with W̃ = L_s⁻¹D^-½W (:class:`StructuredFeatures`
+        at the distinct inputs, :meth:`coregional_projections`), residuals r̃ = L_s⁻¹D^-½(y),
+        the unexplained variance ũ = Σ_r d_r(x_s) W̃_tr², the weights (1 where observed) and
+        log σ_t + log (L_s)_tt. A whitened row's marginal is N(b̃ᵀm, b̃ᵀSb̃ + ũ) with unit
+        noise."""
         sites, layout = self.data_sites(), self.data_layout()
         projections, prior, inputs = self.coregional_projections()
         inputs = sites.gather(layout.to_long(inputs.reshape(layout.index.shape)))
@@ -285,11 +289,12 @@ class MultitaskGP(PyroModule):
         scale = self.likelihood.variance.sqrt()
         mixing = self.site_noise.whiten(factors, scale,
                                         sites.mask.unsqueeze(-1) * self.top.mixing)
-        return (projections, inputs, mixing,
-                self.site_noise.whiten(factors, scale, sites.gather(self.data_y)),
-                (mixing.square() * prior.mT[inputs]).sum(-1),
-                sites.mask.to(mixing.dtype),
-                self.site_noise.log_scales(factors, scale, sites.mask))
+        features = StructuredFeatures(projections, inputs.flatten(), mixing.flatten(0, 1))
+        return (features,
+                self.site_noise.whiten(factors, scale, sites.gather(self.data_y)).flatten(),
+                features.mixed_variances(prior),
+                sites.mask.flatten().to(mixing.dtype),
+                self.site_noise.log_scales(factors, scale, sites.mask).flatten())
 
     def coregional_projections(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The latent GPs' projections a_r [R, M, U] and unexplained prior variances d_r
@@ -308,14 +313,13 @@ class MultitaskGP(PyroModule):
     def site_data_terms(self) -> torch.Tensor:
         """The data term of eq. (9) with correlated noise, per task [T]: Σ over the task's
         whitened rows of E_q[log N(r̃ | f̃, 1)] − log σ_t − log (L_s)_tt."""
-        projections, inputs, mixing, residuals, unexplained, weights, log_scales = (
-            self.whitened_rows())
-        features = _coregional_features(projections, inputs, mixing)
+        features, residuals, unexplained, weights, log_scales = self.whitened_rows()
+        features = features.dense()
         q = self.top.layer
         mean = features @ q.q_mean.reshape(-1)
         var = (features @ q.q_sqrt).square().sum(-1) + unexplained
         terms = -0.5 * ((residuals - mean).square() + var + math.log(2 * math.pi)) - log_scales
-        return (weights * terms).sum(0)
+        return (weights * terms).reshape(-1, self.num_tasks).sum(0)
 
     def elbo(self, batch: TaskBatch | None = None, noise: torch.Tensor | None = None
              ) -> torch.Tensor:
@@ -374,21 +378,20 @@ class MultitaskGP(PyroModule):
         if per_task and not self.independent_tasks:
             raise ValueError(f"the collapsed bound of this {self.kind} does not split by task")
         if self.site_noise is not None:
-            projections, inputs, mixing, residuals, unexplained, weights, log_scales = (
-                self.whitened_rows())
-            return (structured_collapsed_bound(
-                projections, inputs.flatten(), mixing.flatten(0, 1), residuals.flatten(),
-                weights.flatten(), torch.ones_like(weights.flatten()), unexplained.flatten())
-                - log_scales.sum())
+            features, residuals, unexplained, weights, log_scales = self.whitened_rows()
+            return (structured_collapsed_bound(features, residuals, weights,
+                                               torch.ones_like(weights), unexplained)
+                    - log_scales.sum())
         batch = self.full_batch()
         y = self.data_y[batch.rows]
         if isinstance(self.top, CoregionalisedGP):  # one joint q: every row of every task
             projections, prior, inputs = self.coregional_projections()
-            mixing = self.top.mixing.unsqueeze(1).expand(*y.shape, -1).flatten(0, 1)
+            mixing = self.top.mixing.unsqueeze(1).expand(*y.shape, -1)           # [T, P, R]
+            features = StructuredFeatures(projections, inputs, mixing.flatten(0, 1))
             return structured_collapsed_bound(
-                projections, inputs, mixing, y.flatten(), batch.weights.flatten(),
+                features, y.flatten(), batch.weights.flatten(),
                 self.likelihood.variance.unsqueeze(-1).expand_as(y).flatten(),
-                (mixing.square() * prior.mT[inputs]).sum(-1))
+                features.mixed_variances(prior))
         features, offset, unexplained = self.top.features(self.data_X[batch.rows].unsqueeze(0))
         bounds = collapsed_bound(features.squeeze(0), (y - offset).reshape(y.shape),
                                  batch.weights,
@@ -509,12 +512,9 @@ class MultitaskGP(PyroModule):
         layers."""
         if self.site_noise is not None:  # whitened rows: unit noise
             with torch.no_grad():
-                projections, inputs, mixing, residuals, _, weights, _ = self.whitened_rows()
-                features = _coregional_features(projections, inputs, mixing).flatten(0, 1)
-                residuals, weights = residuals.flatten(), weights.flatten()
-                errors = residuals - features @ self.top.layer.q_mean.reshape(-1)
-                return ((weights * errors) @ features,
-                        -0.5 * (features * weights.unsqueeze(-1)).mT @ features)
+                features, residuals, _, weights, _ = self.whitened_rows()
+                errors = residuals - features.times(self.top.layer.q_mean.reshape(-1))
+                return features.transpose_times(weights * errors), -0.5 * features.gram(weights)
         batch = self.draw_batch()
         X, y = self.data_X[batch.rows], self.data_y[batch.rows]
         noise = self.draw_noise(self.options.num_samples, batch.rows.shape, X)
@@ -568,9 +568,3 @@ class MultitaskGP(PyroModule):
         model.load_state_dict(tensors)
         return model
 
-
-def _coregional_features(projections: torch.Tensor, inputs: torch.Tensor, mixing: torch.Tensor
-                         ) -> torch.Tensor:
-    """The rows' features b = (c_r a_r(x))_r [..., R·M] from the latent GPs' projections at the
-    distinct inputs [R, M, U], the rows' inputs among them [...] and coefficients c [..., R]."""
-    return (mixing.unsqueeze(-1) * projections.permute(2, 0, 1)[inputs]).flatten(-2)
