@@ -62,6 +62,10 @@ def test_objective_and_gradient_run_on_another_device(name):
             for block, objective in members:
                 value = objective()
                 assert_on_meta([value, *torch.autograd.grad(value.sum(), block)])
+            if getattr(model, "collapsible", False):  # the bound itself (cGP's block algebra)
+                held = [p for p in model.parameters() if p.requires_grad]
+                bound = model.collapsed_bound()
+                assert_on_meta([bound, *torch.autograd.grad(bound, held)])
 
 
 @pytest.mark.parametrize("name", [prediction_param(name) for name in CASES])

@@ -96,6 +96,17 @@ def test_deferred_float32_factors_climb_the_ladder_on_the_device_as_the_checked_
     assert torch.isfinite(batch.grad[:-1]).all()
 
 
+def test_a_single_matrix_climbs_the_ladder_on_the_device_without_a_host_read():
+    """One matrix (no batch), float32, deferred: the rung is chosen on the device — on the meta
+    device, where any read back to the host raises — and the factor is the checked path's."""
+    matrix = with_smallest_eigenvalue(-5e-6).float()
+    with deferred_checks():
+        factor = cholesky(matrix)
+        assert cholesky(matrix.to("meta")).shape == matrix.shape
+    np.testing.assert_allclose(factor.double().numpy(), reference_factor(matrix.double(), 1e-5),
+                               rtol=2e-3, atol=2e-3)
+
+
 def test_deferred_float64_factors_climb_the_ladder_when_asked():
     """``deferred_checks(climb_ladder=True)`` (a fit whose start needs it): float64 members
     at their own rungs, the same factors as the checked path, NaN past the last rung."""

@@ -119,7 +119,8 @@ def _cholesky_at_first_good_rung(matrix: torch.Tensor, relative_jitter: float) -
         failed = torch.linalg.cholesky_ex(jittered)[1] > 0
         first_good = failed.to(torch.int8).argmin(0)  # the first rung that did not fail
     ladder = torch.tensor(rungs, dtype=matrix.dtype, device=matrix.device)
-    factor, info = torch.linalg.cholesky_ex(add_jitter(matrix, ladder[first_good]))
+    # take, not ladder[first_good]: a 0-d index (one matrix) would be read on the host
+    factor, info = torch.linalg.cholesky_ex(add_jitter(matrix, torch.take(ladder, first_good)))
     return torch.where((info > 0)[..., None, None], torch.nan, factor)
 
 
