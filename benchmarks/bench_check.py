@@ -2,13 +2,13 @@
 
 Each check times one operation of a benchmark — the meta-GP objective at K = 1000 and 5000, one
 objective of the batched local fits at K = 1000, one distributed-kernel objective, one multitask
-ELBO, the command-line pipeline at 10⁵ points — in rounds that alternate with the reference
-operation (:mod:`_reference`). Its *figure* is the median over rounds of (operation time /
-reference time), so a slower or busier machine does not read as a regression; times are CPU
-seconds of this process and its finished children (one torch thread: CPU time is what the work
-cost, whatever else the machine runs). The figures are compared with
-``benchmarks/results/bench_check.json``: a check whose figure grew beyond ``--tolerance`` (1.5×)
-fails the run (exit status 1).
+ELBO, the command-line pipeline at 10⁵ points — in rounds, each bracketed by the reference
+operation (:mod:`_reference`) timed just before and just after it. Its *figure* is the median
+over rounds of (operation time / reference time), so a slower or busier machine does not read
+as a regression; times are CPU seconds of this process and its finished children (one torch
+thread: CPU time is what the work cost, whatever else the machine runs). The figures are
+compared with ``benchmarks/results/bench_check.json``: a check whose figure grew beyond
+``--tolerance`` (1.5×) fails the run (exit status 1).
 
 Usage::
 
@@ -93,15 +93,17 @@ def _timed(operation: Callable[[], object], number: int, clock: Callable[[], flo
 
 def measure(operation: Callable[[], object], reference: Callable[[], object], rounds: int,
             clock: Callable[[], float] = cpu_seconds) -> Measurement:
-    """Time ``operation`` against ``reference`` in ``rounds`` rounds (reference first in even
-    rounds, last in odd ones), each timing repeated to about :data:`STRETCH_SECONDS`."""
+    """Time ``operation`` against ``reference`` in ``rounds`` rounds, each timing repeated to
+    about :data:`STRETCH_SECONDS`. A round times the reference just before and just after the
+    operation and takes the mean of the two, so that a load that changes while a long operation
+    runs (the command-line pipeline takes half a minute) bears on both sides of its ratio."""
     numbers = [max(1, round(STRETCH_SECONDS / max(_timed(fn, 1, clock), 1e-9)))
                for fn in (operation, reference)]  # also the warm-up
     seconds, reference_seconds = [], []
-    for round_index in range(rounds):
-        pair = [(operation, numbers[0], seconds), (reference, numbers[1], reference_seconds)]
-        for fn, number, out in (pair[::-1] if round_index % 2 == 0 else pair):
-            out.append(_timed(fn, number, clock))
+    for _ in range(rounds):
+        before = _timed(reference, numbers[1], clock)
+        seconds.append(_timed(operation, numbers[0], clock))
+        reference_seconds.append(0.5 * (before + _timed(reference, numbers[1], clock)))
     figures = [a / b for a, b in zip(seconds, reference_seconds, strict=True)]
     return Measurement(median(seconds), median(reference_seconds), median(figures), figures)
 

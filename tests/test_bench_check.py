@@ -124,6 +124,33 @@ def test_a_uniformly_slower_machine_is_not_a_regression(bench_check, monkeypatch
                             reference=clock.reference(3.0), clock=clock) == 0
 
 
+class RampClock:
+    """A clock on which the machine's load rises steadily with the work done: a unit of work
+    done when w units are done already costs 1 + rate·w."""
+
+    def __init__(self, rate: float):
+        self.rate, self.work, self.time = rate, 0.0, 0.0
+
+    def __call__(self) -> float:
+        return self.time
+
+    def work_of(self, units: float):
+        def run():
+            self.time += units * (1.0 + self.rate * (self.work + 0.5 * units))
+            self.work += units
+        return run
+
+
+def test_a_load_that_rises_during_a_long_operation_does_not_read_as_a_regression(bench_check):
+    """One round of an operation of 50 units against a reference of 1 while the load doubles
+    over the operation: the figure is the work ratio, 50 (timing the reference only before the
+    operation read 62.6)."""
+    clock = RampClock(rate=0.02)
+    measured = bench_check.measure(clock.work_of(50.0), clock.work_of(1.0), rounds=1,
+                                   clock=clock)
+    assert measured.figure == pytest.approx(50.0, rel=1e-9)
+
+
 def test_compare_flags_only_slowdowns_beyond_the_tolerance(bench_check):
     verdicts = bench_check.compare({"a": 1.49, "b": 1.51, "c": 0.5, "d": 1.0},
                                    {"a": 1.0, "b": 1.0, "c": 1.0}, tolerance=1.5)
