@@ -274,7 +274,8 @@ class MultitaskGP(PyroModule):
         return SiteLayout(self.data_site_rows, self.data_site_mask, self.data_site,
                           self.data_task)
 
-    def whitened_rows(self) -> tuple[torch.Tensor | StructuredFeatures, ...]:
+    def whitened_rows(self) -> tuple[StructuredFeatures, torch.Tensor, torch.Tensor,
+                                     torch.Tensor, torch.Tensor]:
         """The bound rows as the whitened rows of the per-site likelihood
         (:mod:`~pyrogp_models.models.multitask.noise_correlation`), one per (site, task) [G·T]
         (site-major): features b̃ = (W̃_tr a_r)_r with W̃ = L_s⁻¹D^-½W (:class:`StructuredFeatures`
