@@ -1,5 +1,6 @@
 """The package's layers, read from its own import statements (``ast``, nothing is imported): no
-module imports from a layer above its own, and the model families do not import each other.
+module imports from a layer above its own, the model families do not import each other, and no
+circle of modules imports itself (within a layer either).
 
 The layers, lowest first (docs/design.md, "Layers"):
 
@@ -73,21 +74,30 @@ def source_files() -> dict[str, Path]:
     return files
 
 
-def imports(path: Path, module: str) -> set[str]:
-    """Every module ``path`` imports (absolute names; relative imports resolved), wherever in
-    the file (imports inside functions count too)."""
+def import_statements(path: Path, module: str) -> list[tuple[str, list[str]]]:
+    """(module named, the names taken from it; none for ``import x``) for every import of
+    ``path``, wherever in the file (imports inside functions count too); relative imports
+    resolved to absolute names."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    found = set()
+    found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            found.extend((alias.name, []) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            found.append((base, [alias.name for alias in node.names]))
+    return found
+
+
+def imports(path: Path, module: str) -> set[str]:
+    """Every module ``path`` imports, and every ``module.name`` it takes from one."""
+    found = set()
+    for base, names in import_statements(path, module):
+        found.add(base)
+        found.update(f"{base}.{name}" for name in names)
     return found
 
 
@@ -149,3 +159,67 @@ def test_the_library_never_imports_the_command_line_or_benchmarks():
     for module, path in source_files().items():
         assert not any(name.split(".")[0] == "benchmarks" for name in imports(path, module)), \
             module
+
+
+def module_edges() -> dict[str, set[str]]:
+    """Module → the package's modules it imports: ``from package import name`` imports
+    ``package.name`` where that is a module, else the package (its ``__init__``)."""
+    modules = source_files()
+    graph = {}
+    for module, path in modules.items():
+        targets = set()
+        for base, names in import_statements(path, module):
+            named = [f"{base}.{name}" for name in names]
+            targets.update(name for name in named if name in modules)
+            if not names or any(name not in modules for name in named):
+                targets.add(base)
+        graph[module] = {target for target in targets if target in modules} - {module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, cycles = {}, {}, set(), [], []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_two_modules_import_each_other():
+    """No circle of imports, within a layer too (an import inside a function counts)."""
+    assert import_cycles(module_edges()) == []
+
+
+def test_the_cycle_finder_finds_a_circle_and_only_it():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_cycles(graph) == [["a", "b", "c"]]

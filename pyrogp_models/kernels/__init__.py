@@ -4,16 +4,15 @@ expressions, and the JSON trees files store.
 Leaf kinds: :class:`Stationary` (RBF, Matérn 1/2, 3/2, 5/2; :mod:`.stationary`, with the fused
 RBF path of :mod:`.fused_rbf`), :class:`RationalQuadratic`, :class:`Periodic`, :class:`Linear`,
 :class:`Constant` and :class:`White`; ``+`` and ``*`` build :class:`Sum` and :class:`Product`
-(:mod:`.combination`); :func:`parse_kernel` reads ``"rbf + periodic(period=1) * rbf"``
+(:mod:`.base`); :func:`parse_kernel` reads ``"rbf + periodic(period=1) * rbf"``
 (:mod:`.expression`) and :func:`kernel_text` writes one back (:mod:`.text`);
 :func:`kernel_from_tree` rebuilds a stored kernel (:mod:`.registry`); :func:`resolve_kernel`
 accepts a name, an expression, a library kernel or one from ``pyro.contrib.gp``
 (:class:`External`, :mod:`.external`); :mod:`.members` takes batches apart and stacks them.
 """
 
-from pyrogp_models.kernels.base import Kernel, Role
+from pyrogp_models.kernels.base import Kernel, Product, Role, Sum
 from pyrogp_models.kernels.choice import resolve_kernel
-from pyrogp_models.kernels.combination import Product, Sum
 from pyrogp_models.kernels.constant import Constant, White
 from pyrogp_models.kernels.expression import KernelExpressionError, parse_kernel
 from pyrogp_models.kernels.external import External

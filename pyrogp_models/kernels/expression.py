@@ -22,8 +22,7 @@ import re
 
 import torch
 
-from pyrogp_models.kernels.base import Kernel
-from pyrogp_models.kernels.combination import Product, Sum
+from pyrogp_models.kernels.base import Kernel, Product, Sum
 from pyrogp_models.kernels.registry import HYPERPARAMETERS, KINDS
 
 _TOKEN = re.compile(r"\s*(?:(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"

@@ -13,8 +13,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from pyrogp_models.errors import ModuleFileError
-from pyrogp_models.kernels.base import Kernel
-from pyrogp_models.kernels.combination import Product, Sum
+from pyrogp_models.kernels.base import Kernel, Product, Sum
 from pyrogp_models.kernels.constant import Constant, White
 from pyrogp_models.kernels.leaf import Hyperparameter, Leaf
 from pyrogp_models.kernels.linear import Linear

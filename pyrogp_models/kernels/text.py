@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from pyrogp_models.kernels.base import Kernel
-from pyrogp_models.kernels.combination import Combination, Product, Sum
+from pyrogp_models.kernels.base import Combination, Kernel, Product, Sum
 from pyrogp_models.kernels.external import External
 from pyrogp_models.kernels.leaf import Leaf
 

@@ -16,20 +16,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from pyrogp_models.gaussian.kullback_leiblers import kl_to_standard_normal
 from pyrogp_models.gaussian.linalg import cholesky, cholesky_solve, inverse_cholesky
+from pyrogp_models.kernels import Stationary
+from pyrogp_models.likelihoods import Likelihood
 from pyrogp_models.models.distributed_kernel.halo import Halo, greedy_colouring, region_graph
 from pyrogp_models.models.distributed_kernel.projections import (
     pair_means,
     pair_residual_variances,
 )
-
-if TYPE_CHECKING:
-    from pyrogp_models.models.distributed_kernel.model import DistributedKernelGP
+from pyrogp_models.models.distributed_kernel.regions import Regions
 
 #: Relative CG residual ‖b − Hm‖/‖b‖ at which a solve inside the collapsed bound freezes, and at
 #: which the closing solve of a fit (checked, so it can run to rounding) stops.
@@ -46,7 +46,41 @@ def solve_tol(dtype: torch.dtype, target: float = SOLVE_TOL) -> float:
 OBJECTIVE_ITERATIONS = 30
 
 
-def require_solvable(model: DistributedKernelGP) -> None:
+class MeanFieldProblem(Protocol):
+    """What the solvers read of a distributed-kernel GP
+    (:class:`~pyrogp_models.models.distributed_kernel.model.DistributedKernelGP`) and write back."""
+
+    @property
+    def variational(self) -> str: ...
+
+    @property
+    def likelihood(self) -> Likelihood: ...
+
+    @property
+    def kernel(self) -> Stationary: ...
+
+    @property
+    def regions(self) -> Regions: ...
+
+    @property
+    def inducing(self) -> torch.Tensor: ...
+
+    @property
+    def halo_eps(self) -> float: ...
+
+    @property
+    def num_regions(self) -> int: ...
+
+    @property
+    def q_mean(self) -> torch.Tensor: ...
+
+    def projections(self, X: torch.Tensor, halo: Halo | None = None
+                    ) -> tuple[Halo, torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def set_whitened_posterior(self, mean: torch.Tensor, chol: torch.Tensor) -> None: ...
+
+
+def require_solvable(model: MeanFieldProblem) -> None:
     """The mean-field solvers need mean-field q and a Gaussian likelihood."""
     if model.variational != "meanfield" or model.likelihood.name != "gaussian":
         raise ValueError("the mean-field optimum in closed form needs mean-field q and a "
@@ -62,7 +96,7 @@ class BackfitResult:
     converged: bool = False
 
 
-def region_colours(model: DistributedKernelGP) -> torch.Tensor:
+def region_colours(model: MeanFieldProblem) -> torch.Tensor:
     """A colouring [J] of the region graph for the current ℓ, cuts and halo threshold."""
     lower, upper = model.regions.bounds()
     ell = model.regions.active_lengthscale(model.kernel.lengthscale)
@@ -72,7 +106,7 @@ def region_colours(model: DistributedKernelGP) -> torch.Tensor:
 
 
 @torch.no_grad()
-def backfit(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
+def backfit(model: MeanFieldProblem, X: torch.Tensor, y: torch.Tensor,
             max_sweeps: int = 100, tol: float = 1e-10, halo: Halo | None = None,
             colours: torch.Tensor | None = None) -> BackfitResult:
     """Overwrite the mean-field q(v) with the optimum for the current θ, Z and cuts.
@@ -151,7 +185,7 @@ class SolveResult:
 
 
 @torch.no_grad()
-def solve_meanfield(model: DistributedKernelGP, X: torch.Tensor, y: torch.Tensor,
+def solve_meanfield(model: MeanFieldProblem, X: torch.Tensor, y: torch.Tensor,
                     max_iters: int = 500, tol: float = 1e-10, halo: Halo | None = None,
                     projections=None, checked: bool = True) -> SolveResult:
     """Overwrite the mean-field q(v) with its optimum by block-Jacobi-preconditioned CG.
