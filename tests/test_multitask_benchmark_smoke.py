@@ -1,5 +1,6 @@
-"""Smoke tests of the multitask benchmarks: ``benchmarks/multitask_dgp.py --quick`` and
-``benchmarks/multitask_experiments.py --quick`` run and write the expected JSON (no wall-clock
+"""Smoke tests of the multitask benchmarks: ``benchmarks/multitask_dgp.py --quick``,
+``benchmarks/multitask_classifier.py --quick`` and ``benchmarks/multitask_experiments.py --quick``
+run and write the expected JSON (no wall-clock
 asserts: the budget below is only a timeout); the simulated arm of the inverse-dynamics
 experiment obeys the manipulator equation."""
 
@@ -29,6 +30,26 @@ from pyrogp_models.models.multitask import WARPED_LATENTS
 
 TIMEOUT_SECONDS = 1200.0
 MODELS = {"smdgp", "mmdgp", "cmdgp", "idgp", "igp", "cgp"}
+
+
+def test_multitask_classifier_benchmark_quick(tmp_path):
+    """Both stopping rules for every model, scored against the logistic regression; the default
+    (looser) rule follows the same path as 10⁻⁷ and so never takes more steps."""
+    out = tmp_path / "multitask_classifier_quick.json"
+    stdout = run_quick_benchmark("multitask_classifier.py", out, TIMEOUT_SECONDS)
+    assert f"JSON written to {out}" in stdout
+    payload = json.loads(out.read_text())
+    assert (payload["benchmark"], payload["mode"]) == ("multitask_classifier", "quick")
+    settings = payload["settings"]
+    fits = {(row["model"], row["rule"]): row for row in payload["fits"]}
+    assert set(fits) == {(kind, rule) for kind in settings["models"]
+                         for rule in ("default", "collapsed tol")}
+    for kind in settings["models"]:
+        default, tight = fits[kind, "default"], fits[kind, "collapsed tol"]
+        assert default["tol"] > tight["tol"] and default["steps"] <= tight["steps"]
+        assert default["converged"] and 0 <= default["accuracy"] <= 1
+        assert default["log_loss"] == pytest.approx(tight["log_loss"], abs=1e-2)
+    assert 0 < payload["baseline"]["log_loss"] and 0 <= payload["baseline"]["accuracy"] <= 1
 
 
 def test_multitask_dgp_benchmark_quick(tmp_path):
