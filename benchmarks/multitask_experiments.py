@@ -20,9 +20,10 @@ per-dataset values (its App. B): √D on the D standardised inputs and √W on a
    **Transfer toys**: two tasks warping one latent (periodic, or a sum of three sinusoids)
    differently, task 2 with a gap; mMDGP against iGP in the gap, 5 seeds each.
    **Real heterotopic data**: one output hidden on a stretch of rows where the others are
-   observed (gilgai soil transect, tuned on; New York air quality, US macro data and Danish
-   money demand, held out); every GP with the defaults against a linear regression on the
-   co-located outputs and a linear interpolation of the hidden output across the stretch.
+   observed (gilgai soil transect, tuned on; New York air quality, US macro data, Danish
+   money demand and El Niño sea temperatures by month, held out); every GP with the defaults
+   against a linear regression on the co-located outputs and a linear interpolation of the
+   hidden output across the stretch.
 2. **Digits variations** (Table 3): scikit-learn's 8 × 8 digits as three tasks — clean, random
    background (zero pixels replaced by U[0, 1] noise, the LISA recipe) and image background
    (zero pixels replaced by a grey patch of the bundled sample photographs). Disjoint training
@@ -111,7 +112,7 @@ class Settings:
     max_steps: int | None = None
     transfer_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     transfer_points: int = 60
-    real_sets: tuple[str, ...] = ("gilgai", "airquality", "macro", "danish")
+    real_sets: tuple[str, ...] = ("gilgai", "airquality", "macro", "danish", "elnino")
     real_stretches: tuple[int, ...] = (0, 1, 2)
     tuned_stretches: tuple[int, ...] = (1,)
     real_models: tuple[str, ...] = REAL_MODELS
@@ -451,11 +452,22 @@ def danish_data() -> tuple[np.ndarray, list[str], np.ndarray]:
     return np.arange(len(Y), dtype=float)[:, None], names, Y
 
 
+def elnino_data() -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Sea surface temperature of the El Niño region 1950–2010 by month (statsmodels
+    ``elnino``, 61 years): year, task names (the twelve months), outputs [61, 12] (°C)."""
+    from statsmodels.datasets import elnino
+
+    table = elnino.load_pandas().data
+    names = [column for column in table.columns if column != "YEAR"]
+    return table[["YEAR"]].to_numpy(dtype=float), names, table[names].to_numpy(dtype=float)
+
+
 #: data set → (loader, hidden task, stretches [start, stop) of rows, whether tuned on).
 REAL_SETS = {"gilgai": (gilgai_data, 1, ((60, 120), (150, 210), (250, 310)), True),
              "airquality": (airquality_data, 0, ((0, 30), (62, 92), (95, 125)), False),
              "macro": (macro_data, 1, ((60, 80), (120, 140), (170, 190)), False),
-             "danish": (danish_data, 0, ((10, 20), (25, 35), (40, 50)), False)}
+             "danish": (danish_data, 0, ((10, 20), (25, 35), (40, 50)), False),
+             "elnino": (elnino_data, 2, ((5, 17), (25, 37), (45, 57)), False)}
 #: Baselines of the real-data experiment, fitted on every run: the linear regression on the
 #: co-located outputs and the linear interpolation of the hidden output.
 REAL_BASELINES = ("lr", "li")
