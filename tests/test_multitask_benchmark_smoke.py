@@ -49,7 +49,8 @@ def test_multitask_classifier_benchmark_quick(tmp_path):
         assert default["tol"] > tight["tol"] and default["steps"] <= tight["steps"]
         assert default["converged"] and 0 <= default["accuracy"] <= 1
         assert default["log_loss"] == pytest.approx(tight["log_loss"], abs=1e-2)
-    assert 0 < payload["baseline"]["log_loss"] and 0 <= payload["baseline"]["accuracy"] <= 1
+    for baseline in (payload["baseline"], payload["scikit_learn_gpc"]):
+        assert 0 < baseline["log_loss"] and 0 <= baseline["accuracy"] <= 1
 
 
 def test_multitask_dgp_benchmark_quick(tmp_path):
