@@ -75,9 +75,11 @@ class MeanFieldProblem(Protocol):
     def q_mean(self) -> torch.Tensor: ...
 
     def projections(self, X: torch.Tensor, halo: Halo | None = None
-                    ) -> tuple[Halo, torch.Tensor, torch.Tensor, torch.Tensor]: ...
+                    ) -> tuple[Halo, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(halo, A [J, m, P], k_j(x, x) [J, P], L [J, m, m]) at the points X [N, D]."""
 
-    def set_whitened_posterior(self, mean: torch.Tensor, chol: torch.Tensor) -> None: ...
+    def set_whitened_posterior(self, mean: torch.Tensor, chol: torch.Tensor) -> None:
+        """Overwrite q(v) (``mean`` of J·m values in region order, ``chol`` as ``q_sqrt``)."""
 
 
 def require_solvable(model: MeanFieldProblem) -> None:
