@@ -12,28 +12,28 @@ Initialisation: Z_* are k-means centres of all modules' inducing inputs (and of 
 or a grid over their span; ψ_* starts at the median of the modules' hyperparameters and, where a
 lengthscale is longer than the spread of the modules' inducing inputs, also at that spread
 (:func:`global_kernel_starts`); the meta-GP is fitted from each start and the higher bound kept
-(:func:`best_fit`). q(v) starts at the collapsed optimum (when the bound is bounded).
+(:func:`~pyrogp_models.inference.restarts.best_fit`). q(v) starts at the collapsed optimum (when
+the bound is bounded).
 :func:`recycle_multioutput` does the same for the LMC meta-GP.
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.restarts import replaces
+from pyrogp_models.inference.restarts import best_fit
 from pyrogp_models.inference.train_config import COLLAPSED_CONFIG, UNCOLLAPSED_CONFIG, TrainConfig
 from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.inducing import default_num_inducing, init_inducing
-from pyrogp_models.errors import CholeskyError, DataError, UnboundedBoundError
+from pyrogp_models.errors import DataError
 from pyrogp_models.gaussian.linalg import DEFAULT_JITTER
 from pyrogp_models.kernels import Kernel, Leaf, Role, Stationary, kernel_text, resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS, make_likelihood
@@ -161,7 +161,8 @@ def recycle(modules: Mapping[str, Module], spec: RecycleSpec | None = None,
                 on_unbounded=spec.on_unbounded, check_every=config.window,
                 standardisation=standardisation), config)
 
-        meta, result = best_fit(global_kernel_starts(kernel, stack, spec), fit_from)
+        meta, result = best_fit(global_kernel_starts(kernel, stack, spec), fit_from,
+                                "the meta-GP's kernel")
         module = meta.to_module(spec.likelihood, None, spec.likelihood_params, spec.name)
     provenance = {"num_inducing": num_inducing, "collapsed": collapsed,
                   "site_repairs": repairs, "train_steps": result.steps,
@@ -278,36 +279,6 @@ def capped_lengthscales(kernel: Kernel, spread: torch.Tensor, keep_given: bool
     return capped if changed else None
 
 
-FitFromStart = Callable[[Kernel], tuple[torch.nn.Module, TrainResult]]
-
-
-def best_fit(starts: Sequence[Kernel], fit_from: FitFromStart
-             ) -> tuple[torch.nn.Module, TrainResult]:
-    """The fit from the start with the highest final bound, fitted in turn: a later start replaces
-    the best so far only if it ends higher by more than the restart margin
-    (:func:`~pyrogp_models.inference.restarts.replaces`), and the loser is freed at once. A
-    start whose bound turns out unbounded, or whose K_** has no Cholesky factor (a long
-    lengthscale in float32), is skipped with a warning while another start fits; when none does,
-    the first start's error is raised."""
-    best, error = None, None
-    for start in starts:
-        try:
-            fit = fit_from(start)
-        except (UnboundedBoundError, CholeskyError) as failed:
-            error = error or failed
-            continue
-        if best is None:
-            best = fit
-            continue
-        if replaces(-fit[1].final_loss, -best[1].final_loss):
-            best = fit
-    if best is None:
-        raise error
-    if error is not None:
-        warnings.warn(f"a start of the meta-GP's kernel was skipped: {error}", stacklevel=2)
-    return best
-
-
 def _fill_from_modules(kernel: Kernel, stack: ModuleStack) -> None:
     """Set every value ``kernel`` does not give to the modules' median for its kind."""
     for _, leaf in kernel.parts():
@@ -416,5 +387,6 @@ def recycle_multioutput(modules: Mapping[str, Module], num_latent: int,
                 learn_inducing=spec.learn_inducing, jitter=spec.jitter,
                 on_unbounded=spec.on_unbounded, check_every=config.window), config)
 
-        meta, result = best_fit(global_kernel_starts(kernel, stack, spec), fit_from)
+        meta, result = best_fit(global_kernel_starts(kernel, stack, spec), fit_from,
+                                "the meta-GP's kernel")
     return RecycledMultiOutput(meta, result)

@@ -32,16 +32,16 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
 import torch
 from pyrogp_models.inference.train_config import SPACING_MULTIPLE, TrainConfig
-from pyrogp_models.inference.trainer import train
+from pyrogp_models.inference.trainer import TrainResult, train
 
 from pyrogp_models.data.partitioners import Partition
-from pyrogp_models.errors import NotConvergedWarning
+from pyrogp_models.errors import CholeskyError, NotConvergedWarning, UnboundedBoundError
 from pyrogp_models.gaussian.linalg import deferred_checks
 from pyrogp_models.kernels import Kernel, Product, Sum
 from pyrogp_models.models.local.initialisation import spreads_per_lengthscale
@@ -83,6 +83,35 @@ def replaces(bound: float, best: float) -> bool:
     counts as −∞."""
     bound, best = (-math.inf if math.isnan(value) else value for value in (bound, best))
     return best < bound - MARGIN * max(abs(bound), 1.0)
+
+
+FitFromStart = Callable[[Kernel], tuple[torch.nn.Module, TrainResult]]
+
+
+def best_fit(starts: Sequence[Kernel], fit_from: FitFromStart, what: str = "the kernel"
+             ) -> tuple[torch.nn.Module, TrainResult]:
+    """The fit from the start with the highest final bound, fitted in turn: a later start replaces
+    the best so far only if it ends higher by more than the restart margin (:func:`replaces`),
+    and the loser is freed at once. A start whose bound turns out unbounded, or whose K_** has no
+    Cholesky factor (a long lengthscale in float32), is skipped with a warning naming ``what``
+    while another start fits; when none does, the first start's error is raised."""
+    best, error = None, None
+    for start in starts:
+        try:
+            fit = fit_from(start)
+        except (UnboundedBoundError, CholeskyError) as failed:
+            error = error or failed
+            continue
+        if best is None:
+            best = fit
+            continue
+        if replaces(-fit[1].final_loss, -best[1].final_loss):
+            best = fit
+    if best is None:
+        raise error
+    if error is not None:
+        warnings.warn(f"a start of {what} was skipped: {error}", stacklevel=2)
+    return best
 
 
 def number_of_starts(asked: int | None, default: int) -> int:

@@ -366,8 +366,7 @@ def test_the_meta_gp_keeps_the_start_with_the_higher_bound_and_skips_an_unbounde
     """best_fit: the first start unless a later one ends higher by more than the restart margin;
     a start that leaves the bounded region or whose Cholesky fails is skipped with a warning; all
     unbounded: the error."""
-    from pyrogp_models.inference.recycling import best_fit
-    from pyrogp_models.inference.restarts import MARGIN
+    from pyrogp_models.inference.restarts import MARGIN, best_fit
 
     def fit_from(final_losses):
         def fit(start):
