@@ -252,8 +252,7 @@ def global_kernel_starts(kernel: Kernel, stack: ModuleStack | None, spec: Recycl
     inducing inputs if any is longer (:func:`capped_lengthscales`)."""
     if stack is None or not spec.learn_kernel:
         return [kernel]
-    spread = input_spread(stack.inducing_points, torch.ones_like(stack.inducing_points[:, 0],
-                                                                 dtype=torch.bool))
+    spread = input_spread(stack.inducing_points)
     capped = capped_lengthscales(kernel, spread, keep_given=spec.kernel is not None)
     return [kernel] if capped is None else [kernel, capped]
 

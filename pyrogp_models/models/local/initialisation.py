@@ -33,9 +33,11 @@ MIN_SPREAD = 1e-3
 NOISE_FRACTION = 0.1
 
 
-def input_spread(X: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Standard deviation of each partition's inputs per dimension, floored; [K, D]."""
-    weights = mask.to(X.dtype).unsqueeze(-1)
+def input_spread(X: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Standard deviation of each partition's inputs per dimension (the rows of ``mask``, every
+    row when None), floored; [K, D]."""
+    weights = X.new_ones(X.shape[:-1]) if mask is None else mask.to(X.dtype)
+    weights = weights.unsqueeze(-1)
     count = weights.sum(-2).clamp_min(1.0)
     mean = (X * weights).sum(-2) / count
     spread = (((X - mean.unsqueeze(-2)) * weights).square().sum(-2) / count).sqrt()
