@@ -2,13 +2,13 @@
 
 Each check times one operation of a benchmark — the meta-GP objective at K = 1000 and 5000, one
 objective of the batched local fits at K = 1000, one distributed-kernel objective, one multitask
-ELBO, the command-line pipeline at 10⁵ points — in rounds, each bracketed by the reference
-operation (:mod:`_reference`) timed just before and just after it. Its *figure* is the median
-over rounds of (operation time / reference time), so a slower or busier machine does not read
-as a regression; times are CPU seconds of this process and its finished children (one torch
-thread: CPU time is what the work cost, whatever else the machine runs). The figures are
-compared with ``benchmarks/results/bench_check.json``: a check whose figure grew beyond
-``--tolerance`` (1.5×) fails the run (exit status 1).
+ELBO, one multitask classifier's ELBO, the command-line pipeline at 10⁵ points — in rounds,
+each bracketed by the reference operation (:mod:`_reference`) timed just before and just after
+it. Its *figure* is the median over rounds of (operation time / reference time), so a slower or
+busier machine does not read as a regression; times are CPU seconds of this process and its
+finished children (one torch thread: CPU time is what the work cost, whatever else the machine
+runs). The figures are compared with ``benchmarks/results/bench_check.json``: a check whose
+figure grew beyond ``--tolerance`` (1.5×) fails the run (exit status 1).
 
 Usage::
 
@@ -197,6 +197,33 @@ def _multitask_elbo() -> Callable[[], object]:
     return multitask_dgp.elbo_and_gradient(model)
 
 
+def _multitask_classifier_elbo() -> Callable[[], object]:
+    """The Bernoulli cGP (R = 2, the default M) of ``multitask_classifier``, untrained: one
+    evaluation of its uncollapsed ELBO (Gauss–Hermite) and the gradient, what each L-BFGS
+    iteration of the classifier's default fit costs."""
+    import warnings
+    from dataclasses import replace
+
+    import multitask_classifier
+    from pyrogp_models.inference.multitask_fit import (
+        MultitaskSpec,
+        default_config,
+        fit_multitask_dgp,
+    )
+
+    pairs, *_ = multitask_classifier.breast_cancer_tasks(multitask_classifier.FULL)
+    spec = MultitaskSpec(model="cgp", likelihood="bernoulli", coregional_rank=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no steps: "not converged"
+        model = fit_multitask_dgp(pairs, spec, replace(default_config(spec), steps=0)).model
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        (-model.elbo()).backward()
+
+    return run
+
+
 def _cli_pipeline() -> Callable[[], object]:
     """fit-local, recycle and evaluate as the user runs them, on 10⁵ points in 500 partitions
     (the 10⁶-point benchmark at a tenth of its size)."""
@@ -242,6 +269,9 @@ CHECKS: tuple[Check, ...] = (
           _distributed_kernel_objective),
     Check("multitask_smdgp", "multitask_dgp", "multitask sMDGP: ELBO + gradient, batch 500",
           _multitask_elbo),
+    Check("multitask_classifier_cgp", "multitask_classifier",
+          "multitask classifier: Bernoulli cGP ELBO + gradient, 399 rows, R = 2",
+          _multitask_classifier_elbo),
     Check("cli_pipeline_1e5", "cli_end_to_end",
           "command line: fit-local + recycle + evaluate, 10⁵ points, 500 partitions",
           _cli_pipeline, rounds=1),
