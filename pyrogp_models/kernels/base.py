@@ -152,7 +152,6 @@ class Kernel(PyroModule):
         return f"kind={self.kind}, batch_shape={tuple(self.batch_shape)}"
 
 
-
 class Combination(Kernel):
     """The parts of a sum or product (flattened: (k₁ + k₂) + k₃ has three terms)."""
 
