@@ -319,13 +319,9 @@ def bench_convergence(s: Settings, seeds: tuple[int, ...] = (0,)) -> list[dict]:
     for kind in s.converge_models:
         spec = MultitaskSpec(model=kind, num_inducing=s.converge_inducing)
         for seed in seeds:
-            started = time.perf_counter()
             fit = fit_multitask_dgp(pairs, spec, replace(default_config(spec), seed=seed))
-            seconds = time.perf_counter() - started
-            results.append({"model": kind, "seed": seed, "seconds": seconds,
-                            "steps": fit.steps, "converged": fit.converged, "elbo": fit.elbo,
-                            "kept": fit.kept, "phases": fit.summary()["phases"]})
-            print(f"  {kind} (seed {seed}): {seconds:.1f} s, {fit.steps} steps, ELBO "
+            results.append({"model": kind, "seed": seed, **fit.summary()})
+            print(f"  {kind} (seed {seed}): {fit.seconds:.1f} s, {fit.steps} steps, ELBO "
                   f"{fit.elbo:.1f}, kept {fit.kept}, "
                   f"{'converged' if fit.converged else 'NOT converged'}", flush=True)
     return results

@@ -547,16 +547,15 @@ def experiment_real(results: dict, s: Settings, out: Path, suffix: str) -> tuple
         _, tasks, _ = loader()
         runs = {kind: [results[("real", kind, seed, name)] for seed in real_stretches(s, name)]
                 for kind in kinds}
-        rows = [[names[kind]] + [f"{r['rmse']:.3f}" for r in runs[kind]]
-                + [f"{np.mean([r['rmse'] for r in runs[kind]]):.3f}"]
+        mean = {kind: float(np.mean([r["rmse"] for r in runs[kind]])) for kind in kinds}
+        default = MultitaskSpec().model
+        rows = [[names[kind]] + [f"{r['rmse']:.3f}" for r in runs[kind]] + [f"{mean[kind]:.3f}"]
                 + ([f"{np.mean([r['elbo'] for r in runs[kind]]):.1f}",
                     f"{np.mean([r['seconds'] for r in runs[kind]]):.0f}"]
                    if kind not in REAL_BASELINES else ["–", "–"]) for kind in kinds]
         header = ["model", *(f"rows {stretches[i][0]}–{stretches[i][1] - 1}"
                              for i in real_stretches(s, name)), "mean", "mean ELBO", "seconds"]
-        ranks = [r.get("rank") for r in runs[MultitaskSpec().model]]
-        mean = {kind: float(np.mean([r["rmse"] for r in runs[kind]])) for kind in kinds}
-        default = MultitaskSpec().model
+        ranks = [r.get("rank") for r in runs[default]]
         checks = {"default_over_lr": mean[default] / mean["lr"],
                   "default_over_igp": mean[default] / mean["igp"],
                   "default_over_li": mean[default] / mean["li"],

@@ -53,6 +53,17 @@ def run_quick_benchmark(script: str, out: Path, hang_seconds: float = 900.0) -> 
     return completed.stdout
 
 
+def quick_benchmark_payload(script: str, tmp_path: Path, hang_seconds: float = 900.0) -> dict:
+    """:func:`run_quick_benchmark` into ``tmp_path/<name>_quick.json``: asserts the script says
+    where it wrote its JSON and that the JSON names the benchmark and the quick mode; the JSON."""
+    name = Path(script).stem
+    out = tmp_path / f"{name}_quick.json"
+    assert f"JSON written to {out}" in run_quick_benchmark(script, out, hang_seconds)
+    payload = json.loads(out.read_text())
+    assert (payload["benchmark"], payload["mode"]) == (name, "quick")
+    return payload
+
+
 # Baselines computed in the tests: a fitted model must beat them by a margin -------------------
 def gaussian_scores(y, mean, var) -> dict[str, float]:
     """RMSE and NLPD (mean negative log density of y under N(mean, var)) of a Gaussian

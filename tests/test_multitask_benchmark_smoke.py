@@ -4,13 +4,12 @@ run and write the expected JSON (no wall-clock
 asserts: the budget below is only a timeout); the simulated arm of the inverse-dynamics
 experiment obeys the manipulator equation."""
 
-import json
 import sys
 
 import numpy as np
 import pytest
 
-from helpers import ROOT, run_quick_benchmark
+from helpers import ROOT, quick_benchmark_payload
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -35,11 +34,7 @@ MODELS = {"smdgp", "mmdgp", "cmdgp", "idgp", "igp", "cgp"}
 def test_multitask_classifier_benchmark_quick(tmp_path):
     """Both stopping rules for every model, scored against the logistic regression; the default
     (looser) rule follows the same path as 10⁻⁷ and so never takes more steps."""
-    out = tmp_path / "multitask_classifier_quick.json"
-    stdout = run_quick_benchmark("multitask_classifier.py", out, TIMEOUT_SECONDS)
-    assert f"JSON written to {out}" in stdout
-    payload = json.loads(out.read_text())
-    assert (payload["benchmark"], payload["mode"]) == ("multitask_classifier", "quick")
+    payload = quick_benchmark_payload("multitask_classifier.py", tmp_path, TIMEOUT_SECONDS)
     settings = payload["settings"]
     fits = {(row["model"], row["rule"]): row for row in payload["fits"]}
     assert set(fits) == {(kind, rule) for kind in settings["models"]
@@ -55,12 +50,7 @@ def test_multitask_classifier_benchmark_quick(tmp_path):
 
 def test_multitask_dgp_benchmark_quick(tmp_path):
     pytest.importorskip("gpytorch")
-    out = tmp_path / "multitask_dgp_quick.json"
-    stdout = run_quick_benchmark("multitask_dgp.py", out, TIMEOUT_SECONDS)
-    assert f"JSON written to {out}" in stdout
-
-    payload = json.loads(out.read_text())
-    assert (payload["benchmark"], payload["mode"]) == ("multitask_dgp", "quick")
+    payload = quick_benchmark_payload("multitask_dgp.py", tmp_path, TIMEOUT_SECONDS)
     for key in ("cpu_count", "torch", "torch_threads", "date_utc", "gpytorch"):
         assert payload["machine"][key] is not None, key
     assert payload["problem"]["dtype"] == "float64"
@@ -105,11 +95,7 @@ def test_multitask_dgp_benchmark_quick(tmp_path):
 
 
 def test_multitask_experiments_quick(tmp_path):
-    out = tmp_path / "multitask_experiments_quick.json"
-    stdout = run_quick_benchmark("multitask_experiments.py", out, TIMEOUT_SECONDS)
-    assert f"JSON written to {out}" in stdout
-    payload = json.loads(out.read_text())
-    assert (payload["benchmark"], payload["mode"]) == ("multitask_experiments", "quick")
+    payload = quick_benchmark_payload("multitask_experiments.py", tmp_path, TIMEOUT_SECONDS)
     settings = payload["settings"]
 
     toy = payload["toy"]

