@@ -16,8 +16,9 @@ the library's trainer (:func:`pyrogp_models.inference.trainer.train`):
   the same predictions, the inner layer at its prior) and trains by Adam — with
   natural-gradient steps on the top layer's q(u) where the likelihood is Gaussian — until the
   change of its estimated ELBO is within its Monte Carlo noise, or until a window of steps ends
-  with its mean loss above the lowest window's, returning to that window's parameters (under a
-  fixed learning rate the loss can rise for hundreds of steps and settle higher). An mMDGP
+  with its ELBO, estimated precisely (:func:`estimate_elbo`), below the best window end's,
+  returning to that window's parameters (under a fixed learning rate the loss can rise for
+  hundreds of steps and settle higher). An mMDGP
   whose shared process has a free column starts first with the latent of the task with the most
   rows in it (:func:`~pyrogp_models.models.multitask.warm_start.embed_transfer`), so that the
   other tasks can learn their outputs as functions of it, and from the shallow model only if
@@ -261,7 +262,7 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     model = build_model(spec.model, model_data, options, spec.inducing_init,
                         torch.Generator(device=spec.device).manual_seed(seed))
     if not (model.is_deep and spec.warm_start):
-        result = _train(model, config)
+        result = _train(model, config, seed)
         phases = [_phase(model, result, seed)]
         kept, elbo = spec.model, phases[0].elbo
     else:
@@ -320,12 +321,12 @@ def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
                           torch.Generator(device=spec.device).manual_seed(seed))
     shallow_config = replace(default_config(shallow_spec), seed=config.seed,
                              progress=config.progress)
-    phases = [_phase(shallow, _train(shallow, shallow_config), seed)]
+    phases = [_phase(shallow, _train(shallow, shallow_config, seed), seed)]
     embed_shallow(model, shallow, SWITCHED_OFF)
     reference, reference_elbo = _state(model), estimate_elbo(model, seed=seed)
     for start in deep_starts(model):
         _start_deep(model, shallow, config, start)
-        result = _train(model, config)
+        result = _train(model, config, seed)
         phases.append(_phase(model, result, seed))
         if phases[-1].elbo > reference_elbo:
             return result, phases, spec.model, phases[-1].elbo
@@ -359,12 +360,16 @@ def _state(model: MultitaskGP) -> dict[str, torch.Tensor]:
     return {key: value.clone() for key, value in model.state_dict().items()}
 
 
-def _train(model: MultitaskGP, config: TrainConfig) -> TrainResult:
-    """:func:`train`; a collapsible model (single layer, Gaussian, all rows) trained by L-BFGS
-    trains on its collapsed bound — the ELBO at the optimal q(u) for every hyperparameter, no
-    natural-gradient step per evaluation — and ends with q(u) at that optimum."""
+def _train(model: MultitaskGP, config: TrainConfig, seed: int) -> TrainResult:
+    """:func:`train`; a model whose loss is a Monte Carlo estimate has the windows of
+    ``config.patience`` judged by :func:`estimate_elbo` at their ends (the same draws, fixed by
+    ``seed``, at every end: common random numbers); a collapsible model (single layer, Gaussian,
+    all rows) trained by L-BFGS trains on its collapsed bound — the ELBO at the optimal q(u) for
+    every hyperparameter, no natural-gradient step per evaluation — and ends with q(u) at that
+    optimum."""
     if not (model.collapsible and config.optimizer == "lbfgs"):
-        return train(model, config=config)
+        precise = (lambda: -estimate_elbo(model, seed=seed)) if model.noisy_objective else None
+        return train(model, config=config, precise_loss=precise)
     with model.collapsed_objective():
         result = train(model, config=replace(config, natural_gradient_lr=None))
     NaturalGradient(model, 1.0)(lambda: -model.elbo())  # closed form: the loss is not evaluated

@@ -38,8 +38,10 @@ until each is pinned at its optimum to rounding
 does not depend on which others shared its batch; members still unpinned after
 :data:`HOLD_AFTER` judgements of that phase are pinned with the model's ``held_parameters()``
 (inducing inputs) held where they are. ``time_budget`` stops after that many seconds. With
-``patience`` the fit also stops once that many windows in a row end above the lowest window mean
-so far, back at the parameters of the end of that window (:class:`BestWindow`).
+``patience`` the fit also stops once that many windows in a row end above the lowest window so
+far, back at the parameters of the end of that window (:class:`BestWindow`); a window is judged
+by its mean loss, or by ``precise_loss()`` at its end when the caller gives one (a Monte Carlo
+loss estimated with many fixed draws).
 Checkpoints (safetensors + JSON, written atomically) hold the parameters, the optimiser state, the
 step, the loss history and the random state — never data (models register their data as
 non-persistent buffers) — so a fit resumes exactly where it stopped.
@@ -222,11 +224,12 @@ def parameter_scope(config: TrainConfig):
 
 
 def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
-          hooks: Sequence[PreStepHook] = (), **kwargs) -> TrainResult:
+          hooks: Sequence[PreStepHook] = (), precise_loss: Callable[[], float] | None = None,
+          **kwargs) -> TrainResult:
     """Maximise the ELBO of ``module.model`` / ``module.guide`` (called with ``args, kwargs``):
     minimise Pyro's ``TraceMeanField_ELBO`` loss (on the device) by ``config``'s optimiser, with
     ``hooks`` (and a natural-gradient hook when ``config.natural_gradient_lr`` is set) before
-    every step."""
+    every step; ``precise_loss`` judges the windows of ``config.patience`` (:class:`BestWindow`)."""
     config = config or TrainConfig()
     hooks = list(hooks)
     if config.natural_gradient_lr is not None:
@@ -234,7 +237,7 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
     owned = {id(p) for hook in hooks for p in hook.parameters}
     params = [p for p in module.parameters() if p.requires_grad and id(p) not in owned]
     optimizer = _make_optimizer(config, params, module)
-    best = (BestWindow(module, config.window, config.patience)
+    best = (BestWindow(module, config.window, config.patience, precise_loss)
             if config.patience is not None and not isinstance(optimizer, BatchedLBFGS) else None)
     if isinstance(optimizer, BatchedLBFGS) and hooks:
         raise ValueError("pre-step hooks (natural-gradient steps) go with Adam, not with the "
@@ -270,8 +273,6 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
                if isinstance(optimizer, BatchedLBFGS) else None)
     noisy = isinstance(module, NoisyObjective) and bool(module.noisy_objective)
     ladder = _start_needs_ladder(optimizer)
-    if best is not None:
-        best.replay(losses, start)
     step, began = start, time.perf_counter()
     try:
         with (deferred_checks(climb_ladder=ladder), pyro.validation_enabled(False),
@@ -337,16 +338,20 @@ def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
 
 
 class BestWindow:
-    """The lowest window mean of the loss so far and the parameters at the end of its window, for
+    """The lowest window of the loss so far and the parameters at the end of that window, for
     ``TrainConfig.patience``: :meth:`stalled` says when ``patience`` windows in a row have ended
     above it. Under a fixed learning rate a stochastic objective's loss can rise for hundreds of
-    steps and settle above where it was; its lowest window is then the state to keep. A window
-    below the lowest by less than its noise still counts as lower, so the stop never comes
-    earlier than the change test's on a flat loss."""
+    steps and settle above where it was; its lowest window is then the state to keep. A window is
+    valued by its mean loss, or by ``precise_loss()`` at its end when one is given: a window mean
+    of one-draw estimates averages the loss along the path, so it can favour a window whose end
+    is worse than a later one's. A window below the lowest by less than its noise still counts
+    as lower, so the stop never comes earlier than the change test's on a flat loss."""
 
-    def __init__(self, module: torch.nn.Module, window: int, patience: int):
+    def __init__(self, module: torch.nn.Module, window: int, patience: int,
+                 precise_loss: Callable[[], float] | None = None):
         self.module, self.window, self.patience = module, window, patience
-        self.mean, self.step, self.stale = math.inf, 0, 0
+        self.precise_loss = precise_loss
+        self.value, self.step, self.stale = math.inf, 0, 0
         self.state: dict[str, torch.Tensor] = {}
 
     def stalled(self, losses: torch.Tensor, step: int) -> bool:
@@ -359,9 +364,10 @@ class BestWindow:
 
     def _lowest(self, losses: torch.Tensor, end: int) -> bool:
         """Whether the window ending at ``end`` is the new lowest (else one more stale window)."""
-        mean = float(losses[end - self.window:end].mean())
-        if mean < self.mean:
-            self.mean, self.step, self.stale = mean, end, 0
+        value = (self.precise_loss() if self.precise_loss is not None
+                 else float(losses[end - self.window:end].mean()))
+        if value < self.value:
+            self.value, self.step, self.stale = value, end, 0
             return True
         self.stale += 1
         return False
@@ -370,20 +376,23 @@ class BestWindow:
         """Put the module back at the lowest window's parameters."""
         self.module.load_state_dict(self.state)
 
-    def replay(self, losses: torch.Tensor, step: int) -> None:
-        """After resuming at ``step``: the lowest window and the stale count from the loss history
-        (the parameters come with the checkpoint: :meth:`load`)."""
-        for end in range(self.window, step + 1, self.window):
-            self._lowest(losses, end)
-
     def tensors(self) -> dict[str, torch.Tensor]:
         """The lowest window's parameters, keyed for a checkpoint."""
         return {f"best.{key}": value.contiguous() for key, value in self.state.items()}
 
-    def load(self, tensors: dict[str, torch.Tensor]) -> None:
-        """The lowest window's parameters from a checkpoint's tensors (:meth:`tensors`)."""
+    def scalars(self) -> dict[str, float | int]:
+        """The lowest window's value and end and the stale count, for a checkpoint's JSON."""
+        return {"value": self.value, "step": self.step, "stale": self.stale}
+
+    def load(self, tensors: dict[str, torch.Tensor], scalars: dict[str, float | int] | None
+             ) -> None:
+        """Where a checkpoint left it (:meth:`tensors`, :meth:`scalars`); a checkpoint of a fit
+        without ``patience`` (no scalars) starts afresh."""
+        if scalars is None:
+            return
         self.state = {key[len("best."):]: value for key, value in tensors.items()
                       if key.startswith("best.")}
+        self.value, self.step, self.stale = scalars["value"], scalars["step"], scalars["stale"]
 
 
 def _start_needs_ladder(optimizer) -> bool:
@@ -521,7 +530,7 @@ def save_checkpoint(path, module, optimizer, step: int, losses: torch.Tensor,
                 scalars[f"{index}.{key}"] = value
     tensors["rng.torch"] = torch.get_rng_state()
     meta = {"step": step, "losses": losses.tolist(), "param_groups": state["param_groups"],
-            "optimizer_scalars": scalars}
+            "optimizer_scalars": scalars, "best": None if best is None else best.scalars()}
     atomic_write(path, save_safetensors(tensors))
     atomic_write(path.with_suffix(path.suffix + ".json"), json.dumps(meta).encode())
 
@@ -531,14 +540,14 @@ def load_checkpoint(path, module, optimizer, hooks: Sequence[PreStepHook] = (),
     """Restore what :func:`save_checkpoint` wrote; returns (step, loss history)."""
     path = Path(path)
     tensors = load_file(path)
-    if best is not None:
-        best.load(tensors)
     for index, hook in enumerate(hooks):
         prefix = f"hook.{index}."
         state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         if state:
             hook.load_state_dict(state)
     meta = json.loads(path.with_suffix(path.suffix + ".json").read_text())
+    if best is not None:
+        best.load(tensors, meta.get("best"))
     module.load_state_dict({k[len("param."):]: v for k, v in tensors.items()
                             if k.startswith("param.")})
     state: dict = {}

@@ -1,7 +1,8 @@
 """The trainer's convergence test: an exact loss stops when it no longer changes; an estimated
 (noisy) loss stops when its change between two windows is within twice its standard error, and
 not while a real trend remains; with ``patience`` a loss that rises above its lowest window stops
-there and returns to that window's parameters."""
+there and returns to that window's parameters, the windows judged by their mean loss or by a
+precise loss at their ends."""
 
 from __future__ import annotations
 
@@ -125,6 +126,50 @@ def test_a_fit_stopped_by_patience_resumes_from_a_checkpoint_to_the_same_state(t
     train(MovingTarget(switch=200), config=replace(config, steps=225))  # a checkpoint at 225
     resumed = MovingTarget(switch=200)
     result = train(resumed, config=replace(config, resume=True))
+    assert (result.steps, result.returned_to) == (reference.steps, reference.returned_to)
+    assert result.losses == reference.losses
+    assert float(resumed.theta) == float(whole.theta)
+
+
+class DistanceFrom:
+    """A precise loss that is not the training loss: (θ − centre)², each value recorded."""
+
+    def __init__(self, module: MovingTarget, centre: float):
+        self.module, self.centre, self.calls = module, centre, []
+
+    def __call__(self) -> float:
+        theta = float(self.module.theta.detach())
+        self.calls.append((theta - self.centre) ** 2)
+        return self.calls[-1]
+
+
+def test_a_precise_loss_judges_the_windows_at_their_ends():
+    """θ goes to 1, then (after the switch) towards 3 while the training loss rises: by its mean
+    the lowest window is the one before the switch; judged by (θ − 2.5)², one on the way to 3."""
+    config = TrainConfig(lr=0.05, steps=2000, window=50, tol=None, patience=2)
+    module = MovingTarget(switch=100)
+    precise = DistanceFrom(module, centre=2.5)
+    result = train(module, config=config, precise_loss=precise)
+    best = config.window * (precise.calls.index(min(precise.calls)) + 1)
+    assert len(precise.calls) == result.steps // config.window  # once per window, at its end
+    assert result.converged and result.returned_to == best
+    assert best > lowest_window_end(result.losses, config.window)
+    assert result.steps == best + config.patience * config.window
+    assert (float(module.theta) - 2.5) ** 2 == min(precise.calls)
+
+
+def test_a_fit_judged_by_a_precise_loss_resumes_from_a_checkpoint_to_the_same_state(tmp_path):
+    config = TrainConfig(lr=0.05, steps=2000, window=50, tol=None, patience=2,
+                         checkpoint=tmp_path / "fit.safetensors", checkpoint_every=275)
+    whole = MovingTarget(switch=100)
+    reference = train(whole, config=replace(config, checkpoint=None),
+                      precise_loss=DistanceFrom(whole, centre=2.5))
+    first = MovingTarget(switch=100)
+    train(first, config=replace(config, steps=275), precise_loss=DistanceFrom(first, 2.5))
+    resumed = MovingTarget(switch=100)
+    result = train(resumed, config=replace(config, resume=True),
+                   precise_loss=DistanceFrom(resumed, centre=2.5))
+    assert 275 < reference.steps
     assert (result.steps, result.returned_to) == (reference.steps, reference.returned_to)
     assert result.losses == reference.losses
     assert float(resumed.theta) == float(whole.theta)
