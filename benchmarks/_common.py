@@ -1,4 +1,4 @@
-"""Small helpers shared by the benchmark scripts: timing, medians, machine info, tables, JSON.
+"""Small helpers shared by the benchmark scripts: options, timing, machine info, tables, JSON.
 
 Timings on a shared machine are noisy, so every comparison should be made *inside one run*,
 with the contenders interleaved (:func:`interleaved_times`) and summarised by medians.
@@ -6,6 +6,7 @@ with the contenders interleaved (:func:`interleaved_times`) and summarised by me
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import math
@@ -19,6 +20,36 @@ from typing import Any
 
 #: Where benchmark scripts write their JSON results.
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def benchmark_parser(description: str, name: str, *,
+                     out_help: str = "JSON output (default: {default})", threads: bool = True,
+                     **options: Any) -> argparse.ArgumentParser:
+    """An argument parser with the options the benchmark scripts share: ``--quick``, ``--out``
+    and, with ``threads``, ``--threads`` (see :func:`apply_threads`). ``{default}`` in
+    ``out_help`` stands for ``benchmarks/results/<name>[_quick].json`` (see :func:`output_path`);
+    ``options`` go to :class:`argparse.ArgumentParser`."""
+    parser = argparse.ArgumentParser(description=description, **options)
+    parser.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=out_help.format(default=f"benchmarks/results/{name}[_quick].json"))
+    if threads:
+        parser.add_argument("--threads", type=int, default=1,
+                            help="torch intra-op threads (default 1; 0 keeps torch's default)")
+    return parser
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """Run torch on ``args.threads`` intra-op threads (0 keeps torch's default)."""
+    import torch
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+
+
+def output_path(args: argparse.Namespace, name: str) -> Path:
+    """``--out``, or else ``RESULTS_DIR/<name>.json`` (``<name>_quick.json`` with ``--quick``)."""
+    return args.out or RESULTS_DIR / f"{name}{'_quick' if args.quick else ''}.json"
 
 
 def median(values: Sequence[float]) -> float:

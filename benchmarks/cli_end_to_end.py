@@ -19,7 +19,6 @@ Writes ``benchmarks/results/cli_end_to_end.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
+from _common import benchmark_parser, machine_info, output_path, print_table, write_json  # noqa: E402
 from meta_gp import smooth_function  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,12 +87,9 @@ def evaluate(model: Path, test: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = benchmark_parser(__doc__.splitlines()[0], "cli_end_to_end", threads=False).parse_args()
     s = QUICK if args.quick else Settings()
-    out = args.out or RESULTS_DIR / f"cli_end_to_end{'_quick' if args.quick else ''}.json"
+    out = output_path(args, "cli_end_to_end")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         train, test = write_data(folder, s)

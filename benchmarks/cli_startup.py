@@ -12,7 +12,6 @@ import only). Writes ``benchmarks/results/cli_startup.json``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
+from _common import benchmark_parser, machine_info, output_path, print_table, write_json  # noqa: E402
 
 ROUNDS = 5
 TARGET_SECONDS = 1.0
@@ -43,10 +42,7 @@ def seconds(argv: list[str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = benchmark_parser(__doc__.splitlines()[0], "cli_startup", threads=False).parse_args()
     pyrogp = pyrogp_script()
     cases = {"pyrogp --help": [pyrogp, "--help"], "pyrogp --version": [pyrogp, "--version"]}
     if not args.quick:
@@ -64,7 +60,7 @@ def main() -> None:
     met = medians["pyrogp --help"] < TARGET_SECONDS
     print(f"pyrogp --help: median {medians['pyrogp --help']:.3f} s "
           f"({'meets' if met else 'misses'} the {TARGET_SECONDS:g} s target)")
-    out = args.out or RESULTS_DIR / f"cli_startup{'_quick' if args.quick else ''}.json"
+    out = output_path(args, "cli_startup")
     payload = {
         "benchmark": "cli_startup", "mode": "quick" if args.quick else "full",
         "machine": machine_info(), "rounds": ROUNDS, "target_seconds": TARGET_SECONDS,

@@ -24,7 +24,6 @@ Prints markdown tables and writes ``distributed_kernel.json`` and ``.md`` (``--o
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -45,11 +44,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import (  # noqa: E402
-    RESULTS_DIR,
+    apply_threads,
+    benchmark_parser,
     load_average,
     machine_info,
     markdown_table,
     median,
+    output_path,
     write_json,
 )
 from pyrogp_models.inference.distributed_kernel_fit import (  # noqa: E402
@@ -347,23 +348,20 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small settings (smoke test)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (1: stable timings on a shared machine)")
+    parser = benchmark_parser(__doc__.splitlines()[0], "distributed_kernel",
+                              out_help="JSON output (default: {default}); the report is written "
+                                       "next to it as .md")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--noise", type=float, default=0.04,
                         help="noise variance of the chirp of part 2")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON path (the report is written next to it as .md)")
     parser.add_argument("--only-defaults", action="store_true",
                         help="run part 2 alone and write distributed_kernel_defaults.json")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    apply_threads(args)
     torch.set_default_dtype(torch.float64)
     if args.only_defaults:
         return defaults_alone(args)
-    out = args.out or RESULTS_DIR / f"distributed_kernel{'_quick' if args.quick else ''}.json"
+    out = output_path(args, "distributed_kernel")
     n = 20000 if args.quick else 100000
     m = 10
     regions = [1, 4, 16, 64] if args.quick else [1, 4, 16, 64, 256]
@@ -401,8 +399,7 @@ def defaults_part(args) -> dict:
 
 def defaults_alone(args) -> dict:
     """Part 2 alone, written with its own machine record (``--only-defaults``)."""
-    name = f"distributed_kernel_defaults{'_quick' if args.quick else ''}.json"
-    out = args.out or RESULTS_DIR / name
+    out = output_path(args, "distributed_kernel_defaults")
     print("## 2. Defaults on the command line, side by side", flush=True)
     report = {"machine": machine_info(), "settings": vars(args) | {"out": str(out)},
               "defaults": defaults_part(args)}

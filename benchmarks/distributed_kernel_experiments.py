@@ -20,7 +20,6 @@ Writes ``distributed_kernel_experiments.md`` (+ ``.json``) and ``dk_*.png`` to `
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import replace
@@ -36,6 +35,8 @@ import distributed_kernel as bench  # noqa: E402
 from _common import (  # noqa: E402
     RESULTS_DIR,
     agg_pyplot,
+    apply_threads,
+    benchmark_parser,
     load_average,
     machine_info,
     markdown_table,
@@ -352,14 +353,11 @@ def markdown(report) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="folder of the report, its JSON and the plots")
+    parser = benchmark_parser(__doc__.splitlines()[0], "distributed_kernel_experiments",
+                              out_help="folder of the report, its JSON and the plots")
     args = parser.parse_args(argv)
     out = args.out or (RESULTS_DIR / "quick" if args.quick else RESULTS_DIR)
-    torch.set_num_threads(args.threads)
+    apply_threads(args)
     torch.set_default_dtype(torch.float64)
     out.mkdir(parents=True, exist_ok=True)
     steps = 60 if args.quick else None

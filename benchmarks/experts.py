@@ -32,7 +32,6 @@ LAPACK calls with two OpenMP threads were up to 50× slower than with one under 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import replace
@@ -46,12 +45,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import (  # noqa: E402
-    RESULTS_DIR,
+    apply_threads,
+    benchmark_parser,
     format_seconds,
     load_average,
     machine_info,
     median,
     median_time,
+    output_path,
     print_table,
     write_json,
 )
@@ -169,13 +170,11 @@ def end_to_end(settings, modules: dict) -> tuple[dict, str]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller problem, fewer repeats")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON path (the report is written next to it as .md)")
+    parser = benchmark_parser(__doc__.split("\n")[0], "experts",
+                              out_help="JSON output (default: {default}); the report is written "
+                                       "next to it as .md")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    apply_threads(args)
     mode = "quick" if args.quick else "full"
     settings = SETTINGS[mode]
     start = time.perf_counter()
@@ -189,8 +188,7 @@ def main(argv=None) -> None:
     out["total_seconds"] = time.perf_counter() - start
     machine = out["machine"]
     machine["load_average_end"] = load_average()
-    path = write_json(args.out or RESULTS_DIR / f"experts{'_quick' if args.quick else ''}.json",
-                      out)
+    path = write_json(output_path(args, "experts"), out)
     header = (f"# Products of experts benchmark ({mode} mode)\n\nCommit {machine['commit']} "
               f"(uncommitted changes: {machine['dirty']}; pyrogp_models "
               f"{machine['pyrogp_models']}); torch threads {machine['torch_threads']}; load "

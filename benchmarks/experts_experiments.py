@@ -34,7 +34,6 @@ Writes ``experts_experiments{,_quick}.md`` and ``.json`` and the plots
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -49,7 +48,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _common import RESULTS_DIR, agg_pyplot, load_average, machine_info, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    agg_pyplot,
+    apply_threads,
+    benchmark_parser,
+    load_average,
+    machine_info,
+    write_json,
+)
 from pyrogp_models.inference.experts_fit import DEFAULT_TRAIN_CONFIG, ExpertsSpec, fit_exact_experts  # noqa: E402
 from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local  # noqa: E402
 from pyrogp_models.inference.metrics import accuracy, nlpd, rmse  # noqa: E402
@@ -461,13 +468,11 @@ def report(out: dict, mode: str, suffix: str) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run (about a minute)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR,
-                        help="folder of the report, its JSON and the plots")
+    parser = benchmark_parser(__doc__.split("\n")[0], "experts_experiments",
+                              out_help="folder of the report, its JSON and the plots")
+    parser.set_defaults(out=RESULTS_DIR)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    apply_threads(args)
     torch.set_default_dtype(torch.float64)
     mode = "quick" if args.quick else "full"
     settings = SETTINGS[mode]

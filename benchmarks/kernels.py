@@ -21,7 +21,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import warnings
@@ -32,12 +31,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    RESULTS_DIR,
+    apply_threads,
+    benchmark_parser,
     format_seconds,
     interleaved_times,
     load_average,
     machine_info,
     median,
+    output_path,
     paired_ratios,
     print_table,
     source_version,
@@ -191,12 +192,8 @@ def bench_restarts(s: Settings) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, help="where to write the JSON")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = benchmark_parser(__doc__.splitlines()[0], "kernels").parse_args(argv)
+    apply_threads(args)
     s = QUICK if args.quick else FULL
     load_before = load_average()
     evaluations = bench_evaluations(s)
@@ -214,8 +211,7 @@ def main(argv=None) -> dict:
                 f"ELBO + gradient, K = {s.partitions}, N_k = {s.points}, M = {s.inducing}")
     print(f"restarts: {restarts['time_ratio']:.2f}× the time without, "
           f"{restarts['partitions_better_with_restarts']} of {s.converge_k} partitions better")
-    path = write_json(args.out or RESULTS_DIR / f"kernels{'_quick' if args.quick else ''}.json",
-                      payload)
+    path = write_json(output_path(args, "kernels"), payload)
     print(f"JSON written to {path}")
     return payload
 

@@ -55,12 +55,14 @@ from pyro.infer import TraceMeanField_ELBO
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    RESULTS_DIR,
+    apply_threads,
+    benchmark_parser,
     format_seconds,
     interleaved_times,
     load_average,
     machine_info,
     median,
+    output_path,
     paired_ratios,
     print_table,
     write_json,
@@ -513,14 +515,8 @@ def _exact_elbo(model: LocalGPs) -> torch.Tensor:
 
 # Main ---------------------------------------------------------------------------------------
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny problem sizes, for a smoke test (seconds)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON output (default: benchmarks/results/local_fit[_quick].json)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1; 0 keeps torch's default)")
+    parser = benchmark_parser(__doc__.split("\n\n")[0], "local_fit",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--partition", choices=("random", "contiguous"), default="random",
                         help="how the data are split (default random: every partition spans the "
                              "input range)")
@@ -547,12 +543,11 @@ def main(argv=None) -> dict:
         "max_steps": args.converge_steps}.items()
         if value is not None}
     settings = replace(settings, **overrides)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     torch.set_default_dtype(torch.float64)
     lr = TrainConfig().lr
     mode = "quick" if args.quick else "full"
-    out = args.out or RESULTS_DIR / f"local_fit{'_quick' if args.quick else ''}.json"
+    out = output_path(args, "local_fit")
     started = time.perf_counter()
     payload: dict = {
         "benchmark": "local_fit", "mode": mode, "machine": machine_info(),

@@ -65,13 +65,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import (  # noqa: E402
-    RESULTS_DIR,
+    apply_threads,
+    benchmark_parser,
     finite_or_none,
     format_seconds,
     interleaved_times,
     load_average,
     machine_info,
     median,
+    output_path,
     paired_ratios,
     print_table,
     write_json,
@@ -766,10 +768,7 @@ def print_tables(payload: dict) -> None:
 
 # Main ---------------------------------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave as is)")
+    parser = benchmark_parser(__doc__.split("\n\n")[0], "meta_gp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--authors", type=Path,
                         default=os.environ.get("PYROGP_AUTHORS_CODE") or None,
@@ -784,11 +783,10 @@ def main(argv=None) -> dict:
     settings = QUICK if args.quick else FULL
     if max(settings.ks) > settings.e2e_replicas * 50:
         settings = replace(settings, e2e_replicas=math.ceil(max(settings.ks) / 50))
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     keeps_freed_memory = keep_freed_memory()
     mode = "quick" if args.quick else "full"
-    out = args.out or RESULTS_DIR / f"meta_gp{'_quick' if args.quick else ''}.json"
+    out = output_path(args, "meta_gp")
     started = time.perf_counter()
     payload: dict = {
         "benchmark": "meta_gp", "mode": mode, "machine": machine_info(),

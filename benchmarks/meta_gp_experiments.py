@@ -46,7 +46,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import meta_gp as bench  # noqa: E402
-from _common import RESULTS_DIR, agg_pyplot, machine_info, markdown_table, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    agg_pyplot,
+    apply_threads,
+    benchmark_parser,
+    machine_info,
+    markdown_table,
+    write_json,
+)
 from pyrogp_models.inference import metrics  # noqa: E402
 from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local  # noqa: E402
 from pyrogp_models.inference.recycling import (  # noqa: E402
@@ -837,11 +845,9 @@ What the authors' code gets wrong and what is measured here instead:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR,
-                        help="folder of the report, its JSON and the plots")
-    parser.add_argument("--threads", type=int, default=1)
+    parser = benchmark_parser(__doc__.split("\n\n")[0], "meta_gp_experiments",
+                              out_help="folder of the report, its JSON and the plots")
+    parser.set_defaults(out=RESULTS_DIR)
     parser.add_argument("--only", nargs="*", default=None,
                         help="run only these experiments (toy distributed solar banana digits "
                              "heterogeneous multioutput)")
@@ -862,8 +868,7 @@ EXPERIMENTS = {
 def main(argv=None) -> dict:
     args = parse_args(argv)
     settings = QUICK if args.quick else FULL
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     suffix = "_quick" if args.quick else ""
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

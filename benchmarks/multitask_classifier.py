@@ -22,7 +22,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -36,9 +35,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import (  # noqa: E402
-    RESULTS_DIR,
+    apply_threads,
+    benchmark_parser,
     load_average,
     machine_info,
+    output_path,
     print_table,
     write_json,
 )
@@ -147,24 +148,12 @@ def fit_and_score(kind: str, rule: str, pairs, X_test, task_test, y_test) -> dic
     return row
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON output (default: benchmarks/results/multitask_classifier"
-                             "[_quick].json)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1; 0 keeps torch's default)")
-    return parser.parse_args(argv)
-
-
 def main(argv=None) -> dict:
-    args = parse_args(argv)
+    args = benchmark_parser(__doc__.split("\n\n")[0], "multitask_classifier").parse_args(argv)
     settings = QUICK if args.quick else FULL
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     mode = "quick" if args.quick else "full"
-    out = args.out or RESULTS_DIR / f"multitask_classifier{'_quick' if args.quick else ''}.json"
+    out = output_path(args, "multitask_classifier")
     started = time.perf_counter()
     pairs, X_test, task_test, y_test = breast_cancer_tasks(settings)
     payload: dict = {"benchmark": "multitask_classifier", "mode": mode,

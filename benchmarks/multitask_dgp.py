@@ -42,7 +42,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -56,12 +55,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import (  # noqa: E402
-    RESULTS_DIR,
+    apply_threads,
+    benchmark_parser,
     format_seconds,
     interleaved_times,
     load_average,
     machine_info,
     median,
+    output_path,
     paired_ratios,
     print_table,
     write_json,
@@ -329,13 +330,7 @@ def bench_convergence(s: Settings, seeds: tuple[int, ...] = (0,)) -> list[dict]:
 
 # Main -----------------------------------------------------------------------------------------
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON output (default: benchmarks/results/multitask_dgp[_quick]"
-                             ".json)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1; 0 keeps torch's default)")
+    parser = benchmark_parser(__doc__.split("\n\n")[0], "multitask_dgp")
     parser.add_argument("--converge-seeds", default="0",
                         help="comma-separated training seeds of the time to converge "
                              "(default: 0, the command line's)")
@@ -345,11 +340,10 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     settings = QUICK if args.quick else FULL
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     torch.set_default_dtype(torch.float64)
     mode = "quick" if args.quick else "full"
-    out = args.out or RESULTS_DIR / f"multitask_dgp{'_quick' if args.quick else ''}.json"
+    out = output_path(args, "multitask_dgp")
     started = time.perf_counter()
     payload: dict = {
         "benchmark": "multitask_dgp", "mode": mode, "machine": machine_info(),

@@ -72,7 +72,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _common import RESULTS_DIR, agg_pyplot, machine_info, markdown_table, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    agg_pyplot,
+    benchmark_parser,
+    machine_info,
+    markdown_table,
+    output_path,
+    write_json,
+)
 from pyrogp_models.inference import metrics  # noqa: E402
 from pyrogp_models.inference.multitask_fit import (  # noqa: E402
     MultitaskSpec,
@@ -1159,11 +1166,9 @@ EXPERIMENTS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON output (default: benchmarks/results/multitask_experiments"
-                             "[_quick].json); the .md and PNGs go next to it")
+    parser = benchmark_parser(__doc__.split("\n\n")[0], "multitask_experiments",
+                              out_help="JSON output (default: {default}); the .md and PNGs go "
+                                       "next to it", threads=False)
     parser.add_argument("--workers", type=int, default=2,
                         help="processes fitting in parallel (one thread each)")
     parser.add_argument("--only", default=",".join(EXPERIMENTS),
@@ -1207,7 +1212,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     settings = QUICK if args.quick else FULL
     suffix = "_quick" if args.quick else ""
-    path = args.out or RESULTS_DIR / f"multitask_experiments{suffix}.json"
+    path = output_path(args, "multitask_experiments")
     out = path.parent
     out.mkdir(parents=True, exist_ok=True)
     only = [key for key in args.only.split(",") if key]

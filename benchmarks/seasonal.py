@@ -38,7 +38,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import math
 import multiprocessing
 import sys
@@ -53,7 +52,15 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, load_average, machine_info, print_table, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    apply_threads,
+    benchmark_parser,
+    load_average,
+    machine_info,
+    print_table,
+    write_json,
+)
 from pyrogp_models.inference.experts_fit import ExpertsSpec, fit_exact_experts  # noqa: E402
 from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local  # noqa: E402
 from pyrogp_models.inference.recycling import RecycleSpec, recycle  # noqa: E402
@@ -402,12 +409,11 @@ def print_report(payload: dict) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser = benchmark_parser(__doc__.splitlines()[0], "seasonal",
+                              out_help="JSON output (default: benchmarks/results/seasonal.json, "
+                                       "with --quick benchmarks/results/quick/seasonal_quick.json)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    apply_threads(args)
     s = QUICK if args.quick else FULL
     out = args.out or (RESULTS_DIR / "quick" / "seasonal_quick.json" if args.quick
                        else RESULTS_DIR / "seasonal.json")
