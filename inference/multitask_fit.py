@@ -183,7 +183,8 @@ def default_config(spec: MultitaskSpec) -> TrainConfig:
       optimum at the end; with another likelihood, q(u) among the parameters
       (:data:`~pyrogp_models.inference.train_config.MULTITASK_UNCOLLAPSED_CONFIG`);
     - otherwise Adam with a change test on the mean loss of windows of steps and a return to
-      the lowest window's parameters once a window ends above it
+      the best window end's parameters once a window ends below it by the precisely estimated
+      ELBO (:func:`estimate_elbo`)
       (:data:`~pyrogp_models.inference.train_config.MULTITASK_DEEP_CONFIG`), with
       natural-gradient steps on q(u) (γ = 1 for a single-layer model; 0.1 on a deep model's top
       layer where the likelihood is Gaussian)."""

@@ -25,9 +25,10 @@ class TrainConfig:
     once they pass the change test (``False``: the change test alone, e.g. to screen restarts);
     ``global_param_store`` trains in Pyro's global parameter store (and leaves the parameters
     there) instead of in the model only; ``patience``: stop once that many windows in a row end
-    with a mean loss above the lowest window mean so far, and return to the parameters at the end
-    of that lowest window (None: no such stop) — for a stochastic objective whose loss can rise
-    for hundreds of steps under a fixed learning rate.
+    above the lowest window so far — by their mean loss, or by a precise loss at their ends when
+    the caller of :func:`~pyrogp_models.inference.trainer.train` gives one — and return to the
+    parameters at the end of that lowest window (None: no such stop) — for a stochastic
+    objective whose loss can rise for hundreds of steps under a fixed learning rate.
     """
 
     optimizer: str = "adam"
@@ -125,12 +126,14 @@ MULTITASK_SHALLOW_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=500, tol
 MULTITASK_UNCOLLAPSED_CONFIG = replace(MULTITASK_SHALLOW_CONFIG, tol=1e-5)
 #: Multitask deep GPs: Adam (lr 0.01) for at most 20000 steps, converged when the mean loss of
 #: 100 steps changes by < 1e-4 (relative) beyond twice its standard error, or — back at the best
-#: window's parameters — when a window's mean loss ends above the lowest so far (an mMDGP on
-#: gilgai's 4 × 365 rows fell to 1600 by step 300, rose to 1682 by step 600 and settled at 1624
-#: after 1000 steps). On gilgai a deep fit from its shallow start gains 0.05–0.1 nats per 100
-#: steps after step 300 (1e-4 of its loss: 0.18 nats), within 0.01 nats of where 1e-5 stops it
-#: 100–200 steps later; on the toys the standard error decides either way. Windows of 50 steps
-#: stopped the toys' deep fits early (docs/limits).
+#: window's parameters — when a window ends with its ELBO, estimated precisely at its end
+#: (``fit_multitask_dgp`` gives the trainer its ``estimate_elbo``), below the best so far and its
+#: mean loss above the lowest window mean (an mMDGP on gilgai's 4 × 365 rows fell to 1600 by
+#: step 300, rose to 1682 by step 600 and settled at 1624 after 1000 steps). On gilgai a deep fit
+#: from its shallow start gains 0.05–0.1 nats per 100 steps after step 300 (1e-4 of its loss:
+#: 0.18 nats), within 0.01 nats of where 1e-5 stops it 100–200 steps later; on the toys the
+#: standard error decides either way. Windows of 50 steps stopped the toys' deep fits early
+#: (docs/limits).
 MULTITASK_DEEP_CONFIG = TrainConfig(lr=0.01, steps=20000, tol=1e-4, window=100, patience=1)
 #: The most inducing inputs a local fit's partition or a meta-GP takes by default: the help
 #: texts' copy, without torch at startup, of

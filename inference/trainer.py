@@ -344,14 +344,17 @@ class BestWindow:
     steps and settle above where it was; its lowest window is then the state to keep. A window is
     valued by its mean loss, or by ``precise_loss()`` at its end when one is given: a window mean
     of one-draw estimates averages the loss along the path, so it can favour a window whose end
-    is worse than a later one's. A window below the lowest by less than its noise still counts
-    as lower, so the stop never comes earlier than the change test's on a flat loss."""
+    is worse than a later one's. A window ends above the lowest only when its mean loss is above
+    the lowest window mean too: a precise value a little above the best (by its Monte Carlo
+    error) while the mean still falls is no rise yet. A window below the lowest by less than its
+    noise still counts as lower, so the stop never comes earlier than the change test's on a
+    flat loss."""
 
     def __init__(self, module: torch.nn.Module, window: int, patience: int,
                  precise_loss: Callable[[], float] | None = None):
         self.module, self.window, self.patience = module, window, patience
         self.precise_loss = precise_loss
-        self.value, self.step, self.stale = math.inf, 0, 0
+        self.value, self.mean, self.step, self.stale = math.inf, math.inf, 0, 0
         self.state: dict[str, torch.Tensor] = {}
 
     def stalled(self, losses: torch.Tensor, step: int) -> bool:
@@ -363,13 +366,16 @@ class BestWindow:
         return self.stale >= self.patience
 
     def _lowest(self, losses: torch.Tensor, end: int) -> bool:
-        """Whether the window ending at ``end`` is the new lowest (else one more stale window)."""
-        value = (self.precise_loss() if self.precise_loss is not None
-                 else float(losses[end - self.window:end].mean()))
+        """Whether the window ending at ``end`` is the new lowest (else, unless its mean loss is
+        the lowest yet, one more stale window)."""
+        mean = float(losses[end - self.window:end].mean())
+        value = self.precise_loss() if self.precise_loss is not None else mean
+        falling, self.mean = mean < self.mean, min(mean, self.mean)
         if value < self.value:
             self.value, self.step, self.stale = value, end, 0
             return True
-        self.stale += 1
+        if not falling:
+            self.stale += 1
         return False
 
     def restore(self) -> None:
@@ -381,8 +387,9 @@ class BestWindow:
         return {f"best.{key}": value.contiguous() for key, value in self.state.items()}
 
     def scalars(self) -> dict[str, float | int]:
-        """The lowest window's value and end and the stale count, for a checkpoint's JSON."""
-        return {"value": self.value, "step": self.step, "stale": self.stale}
+        """The lowest window's value and end, the lowest window mean and the stale count, for a
+        checkpoint's JSON."""
+        return {"value": self.value, "mean": self.mean, "step": self.step, "stale": self.stale}
 
     def load(self, tensors: dict[str, torch.Tensor], scalars: dict[str, float | int] | None
              ) -> None:
@@ -392,7 +399,8 @@ class BestWindow:
             return
         self.state = {key[len("best."):]: value for key, value in tensors.items()
                       if key.startswith("best.")}
-        self.value, self.step, self.stale = scalars["value"], scalars["step"], scalars["stale"]
+        self.value, self.mean = scalars["value"], scalars["mean"]
+        self.step, self.stale = scalars["step"], scalars["stale"]
 
 
 def _start_needs_ladder(optimizer) -> bool:
