@@ -21,7 +21,8 @@ per-dataset values (its App. B): √D on the D standardised inputs and √W on a
    differently, task 2 with a gap; mMDGP against iGP in the gap, 5 seeds each.
    **Real heterotopic data**: one output hidden on a stretch of rows where the others are
    observed (gilgai soil transect, tuned on; New York air quality, US macro data, Danish
-   money demand and El Niño sea temperatures by month, held out); every GP with the defaults
+   money demand, El Niño sea temperatures by month, German inflation and interest rates and the
+   investment of eleven US firms, held out); every GP with the defaults
    against a linear regression on the co-located outputs and a linear interpolation of the
    hidden output across the stretch.
 2. **Digits variations** (Table 3): scikit-learn's 8 × 8 digits as three tasks — clean, random
@@ -119,7 +120,8 @@ class Settings:
     max_steps: int | None = None
     transfer_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     transfer_points: int = 60
-    real_sets: tuple[str, ...] = ("gilgai", "airquality", "macro", "danish", "elnino")
+    real_sets: tuple[str, ...] = ("gilgai", "airquality", "macro", "danish", "elnino",
+                                  "interest", "grunfeld")
     real_stretches: tuple[int, ...] = (0, 1, 2)
     tuned_stretches: tuple[int, ...] = (1,)
     real_models: tuple[str, ...] = REAL_MODELS
@@ -470,12 +472,36 @@ def elnino_data() -> tuple[np.ndarray, list[str], np.ndarray]:
     return table[["YEAR"]].to_numpy(dtype=float), names, table[names].to_numpy(dtype=float)
 
 
+def interest_data() -> tuple[np.ndarray, list[str], np.ndarray]:
+    """German inflation and interest rate 1972–1998 by quarter (statsmodels
+    ``interest_inflation``, 107 quarters): quarter, task names, outputs [107, 2] (the quarterly
+    change of the log price index, the interest rate)."""
+    from statsmodels.datasets import interest_inflation
+
+    Y = interest_inflation.load_pandas().data[["Dp", "R"]].to_numpy(dtype=float)
+    return np.arange(len(Y), dtype=float)[:, None], ["Dp", "R"], Y
+
+
+def grunfeld_data() -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Gross investment of eleven US firms 1935–1954 (statsmodels ``grunfeld``, 20 years):
+    year, task names (General Electric first, then the others in alphabetical order), outputs
+    [20, 11]."""
+    from statsmodels.datasets import grunfeld
+
+    wide = grunfeld.load_pandas().data.pivot_table(index="year", columns="firm",
+                                                   values="invest")
+    names = ["General Electric", *(name for name in wide.columns if name != "General Electric")]
+    return wide.index.to_numpy(dtype=float)[:, None], names, wide[names].to_numpy(dtype=float)
+
+
 #: data set → (loader, hidden task, stretches [start, stop) of rows, whether tuned on).
 REAL_SETS = {"gilgai": (gilgai_data, 1, ((60, 120), (150, 210), (250, 310)), True),
              "airquality": (airquality_data, 0, ((0, 30), (62, 92), (95, 125)), False),
              "macro": (macro_data, 1, ((60, 80), (120, 140), (170, 190)), False),
              "danish": (danish_data, 0, ((10, 20), (25, 35), (40, 50)), False),
-             "elnino": (elnino_data, 2, ((5, 17), (25, 37), (45, 57)), False)}
+             "elnino": (elnino_data, 2, ((5, 17), (25, 37), (45, 57)), False),
+             "interest": (interest_data, 1, ((15, 27), (45, 57), (80, 92)), False),
+             "grunfeld": (grunfeld_data, 0, ((3, 8), (8, 13), (13, 18)), False)}
 #: Baselines of the real-data experiment, fitted on every run: the linear regression on the
 #: co-located outputs and the linear interpolation of the hidden output.
 REAL_BASELINES = ("lr", "li")
