@@ -227,9 +227,10 @@ def default_fit(pairs, kind: str, seed: int, max_steps: int | None = None, **opt
 
 def fit_record(fit) -> dict:
     """The fit's final ELBO, kept state, steps, seconds, convergence and, for a coregionalised
-    model, the rank it kept."""
+    model, the rank and noise it kept."""
     return {"elbo": fit.elbo, "kept": fit.kept, "steps": fit.steps, "seconds": fit.seconds,
-            "converged": fit.converged, "rank": fit.spec.coregional_rank}
+            "converged": fit.converged, "rank": fit.model.options.coregional_rank,
+            "noise": fit.model.options.noise}
 
 
 # 1. Toy -----------------------------------------------------------------------------------------

@@ -431,19 +431,22 @@ LINE_SEARCH_WALL = 1e100
 
 def _torch_lbfgs_step(optimizer: torch.optim.LBFGS, closure: Callable[[], torch.Tensor],
                       params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
-    """One step of torch's L-BFGS that refuses a trial point whose loss is not finite, as the
-    batched L-BFGS does: trial hyperparameters whose factorisation fails give NaN, and torch's
-    strong-Wolfe line search, given NaN, interpolates NaN steps into the parameters. Such a
-    point is shown to it as a :data:`LINE_SEARCH_WALL` with zero gradient, so that it backs off
-    to a finite point. Returns the loss at the step's start (non-finite if the start is: the
-    caller's check names it)."""
+    """One step of torch's L-BFGS that refuses a trial point whose loss or gradient is not
+    finite, as the batched L-BFGS does: trial hyperparameters whose factorisation fails give
+    NaN, and torch's strong-Wolfe line search, given NaN, interpolates NaN steps into the
+    parameters; far out on a ray where the bound barely changes (a lengthscale and a variance
+    growing together) the loss can stay finite while its gradient overflows, and a NaN
+    gradient puts NaN into the next direction. Such a point is shown to it as a
+    :data:`LINE_SEARCH_WALL` with zero gradient, so that it backs off to a finite point.
+    Returns the loss at the step's start (non-finite if the start is: the caller's check names
+    it)."""
     evaluations = 0
 
     def walled_closure() -> torch.Tensor | float:
         nonlocal evaluations
         evaluations += 1
         loss = closure()
-        if evaluations == 1 or bool(torch.isfinite(loss)):  # L-BFGS reads every loss anyway
+        if evaluations == 1 or _finite_point(loss, params):  # L-BFGS reads every loss anyway
             return loss
         for param in params:
             if param.grad is not None:
@@ -451,6 +454,12 @@ def _torch_lbfgs_step(optimizer: torch.optim.LBFGS, closure: Callable[[], torch.
         return LINE_SEARCH_WALL  # a float: no tensor made, none overflowing in float32
 
     return optimizer.step(walled_closure)
+
+
+def _finite_point(loss: torch.Tensor, params: Sequence[torch.nn.Parameter]) -> bool:
+    """Whether the loss and every gradient are finite (one host read)."""
+    gradients = [param.grad.isfinite().all() for param in params if param.grad is not None]
+    return bool(torch.stack([loss.isfinite(), *gradients]).all())
 
 
 def _warn_not_converged(result: TrainResult, config: TrainConfig) -> None:

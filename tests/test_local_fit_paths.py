@@ -56,17 +56,21 @@ def test_a_non_finite_loss_is_named_with_pyro_validation_on():
 
 
 class WalledQuartic(PyroModule):
-    """ELBO −(x − 2)⁴ from x = 0, NaN beyond x = ``wall``: hyperparameters where a
-    factorisation fails, say."""
+    """ELBO −(x − 2)⁴ from x = 0, NaN beyond x = ``wall`` (hyperparameters where a
+    factorisation fails, say) or, with ``finite_loss``, finite there with a NaN gradient."""
 
-    def __init__(self, wall: float):
+    def __init__(self, wall: float, finite_loss: bool = False):
         super().__init__()
         self.x = PyroParam(torch.tensor(0.0, dtype=torch.float64))
-        self.wall = wall
+        self.wall, self.finite_loss = wall, finite_loss
 
     def model(self):
         value = -(self.x - 2.0) ** 4
-        pyro.factor("f", torch.where(self.x > self.wall, math.nan, value))
+        if self.finite_loss:  # past the wall the loss is finite, its gradient NaN (0 · ∞)
+            inside = value + 0.0 * torch.sqrt(self.wall - self.x)
+            pyro.factor("f", torch.where(self.x > self.wall, value, inside))
+        else:
+            pyro.factor("f", torch.where(self.x > self.wall, math.nan, value))
 
     def guide(self):
         pass
@@ -83,6 +87,17 @@ def test_torch_lbfgs_backs_off_from_non_finite_trial_points():
         result = train(module, config=config)
         assert result.converged and all(math.isfinite(loss) for loss in result.losses)
         assert float(module.x) == pytest.approx(end, abs=0.01)
+
+
+def test_torch_lbfgs_backs_off_from_trial_points_whose_gradient_is_not_finite():
+    """Past the wall the loss is finite and its gradient NaN (a bound far out on a ray, where
+    a gradient overflows before the loss does): a NaN gradient taken in would put NaN into
+    L-BFGS's next direction and the parameters; refused, the fit ends at the wall."""
+    config = TrainConfig(optimizer="lbfgs", lr=1.0, steps=200, window=2, tol=1e-12)
+    module = WalledQuartic(1.0, finite_loss=True)
+    result = train(module, config=config)
+    assert result.converged and all(math.isfinite(loss) for loss in result.losses)
+    assert float(module.x) == pytest.approx(1.0, abs=0.01)
 
 
 def nan_poisson_fit(capsys, tmp_path, monkeypatch) -> str:

@@ -146,7 +146,7 @@ def test_cgp_takes_its_coregionalisation_and_rank_from_the_command_line(capsys, 
         capsys, "info", out)
 
 
-def test_a_default_cgp_on_three_outputs_reports_both_ranks_and_keeps_the_better_held_out(
+def test_a_default_cgp_on_three_outputs_reports_every_candidate_and_keeps_the_best_held_out(
         capsys, folder):
     rng = np.random.default_rng(4)
     x = np.sort(rng.uniform(0, 1, 30))
@@ -156,16 +156,22 @@ def test_a_default_cgp_on_three_outputs_reports_both_ranks_and_keeps_the_better_
     out = folder / "ranks.safetensors"
     printed = run_ok(capsys, "--threads", "1", "fit-multitask",
                      write_csv(folder / "three.csv", table), "--target", "a,b,c", "--out", out)
-    assert "cgp (R = 2)" in printed and "cgp (R = 3)" in printed
-    rank = load_multitask(out).model.options.coregional_rank
-    assert f"M = {30 if rank == 2 else 20}, R = {rank}: ELBO" in printed
+    candidates = [f"cgp (R = {rank}, {noise} noise)" for rank in (2, 3)
+                  for noise in ("correlated", "independent")]
+    assert all(candidate in printed for candidate in candidates)
+    options = load_multitask(out).model.options
+    rank, noise = options.coregional_rank, options.noise
+    assert f"M = {30 if rank == 2 else 20}, R = {rank}, {noise} noise: ELBO" in printed
     assert "held-out MSE" in printed
     described = run_ok(capsys, "info", out)
-    assert f"phase cgp (R = {5 - rank})" in described and "held-out MSE" in described
+    assert f"phase cgp (R = {5 - rank}, {noise} noise)" in described
+    assert "held-out MSE" in described
     summary = json.loads(run_ok(capsys, "info", out, "--json"))
     errors = {phase["model"]: phase["held_out"] for phase in summary["phases"]}
-    assert errors[f"cgp (R = {rank})"] < errors[f"cgp (R = {5 - rank})"]
-    # the seconds in all count the ranks' held-out errors and ELBO estimates, not only training
+    assert errors[f"cgp (R = {rank}, {noise} noise)"] == min(errors.values())
+    assert len(set(errors.values())) == 4
+    # the seconds in all count the candidates' held-out errors and ELBO estimates, not only
+    # training
     training = sum(phase["seconds"] for phase in summary["phases"])
     assert summary["training_seconds"] == pytest.approx(training)
     assert summary["seconds"] > training

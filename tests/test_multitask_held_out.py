@@ -1,5 +1,5 @@
 """The held-out error of single-layer multitask GPs (inference/multitask_held_out.py) and the
-default cGP's choice of rank by it."""
+default cGP's choice among its candidates by it."""
 
 from dataclasses import replace
 
@@ -7,18 +7,28 @@ import pytest
 import torch
 from pyrogp_models.inference.multitask_fit import (
     MultitaskSpec,
+    _fitted,
+    _fold_fitter,
+    default_candidates,
+    default_config,
     fit_multitask_dgp,
-    rank_candidates,
 )
 from pyrogp_models.inference.multitask_held_out import (
+    HELD_OUT_FOLDS,
+    fold_of_rows,
     held_out_error,
-    held_out_task_errors,
-    task_regions,
+    held_out_predictions,
 )
 from pyrogp_models.inference.natural_gradient import NaturalGradient
 
 from multitask_helpers import randomise, toy_data
-from pyrogp_models.models.multitask import MultitaskOptions, TaskData, build_model, toy_tasks
+from pyrogp_models.models.multitask import (
+    MultitaskOptions,
+    TaskData,
+    TaskStandardisation,
+    build_model,
+    toy_tasks,
+)
 
 
 def heterotopic_data() -> TaskData:
@@ -47,72 +57,115 @@ def exact_covariance(model, X: torch.Tensor, task: torch.Tensor) -> torch.Tensor
     return signal + noise
 
 
+def test_every_task_and_region_is_hidden_once_with_other_outputs_kept_beside_it():
+    data = heterotopic_data()
+    folds = fold_of_rows(data, num_folds=5)
+    assert bool((folds >= 0).all())
+    for fold in range(5):
+        hidden = folds == fold
+        for task in range(3):  # a task keeps rows in every fold
+            assert bool((~hidden & (data.task == task)).any())
+        assert len(torch.unique(data.task[hidden])) > 1  # several tasks, in different regions
+    # a task hides its regions in turn: region = (fold + task) mod K is one region per fold
+    one = data.task == 0
+    assert len(torch.unique(folds[one])) == 5
+
+
 @pytest.mark.parametrize("noise", ["correlated", "independent"])
-def test_the_held_out_error_of_the_exact_gp_is_the_gaussian_conditional_of_every_region(noise):
-    """With every input an inducing input, cGP is the exact GP: each region's prediction is
-    E[y_H | y_rest] of the joint Gaussian at the fitted hyperparameters."""
+def test_held_out_predictions_of_the_exact_gp_are_the_gaussian_conditional_of_every_fold(noise):
+    """With every input an inducing input, cGP is the exact GP: refitting only q(u) at fixed
+    hyperparameters, each fold's prediction of a hidden row is E[y_i | y_kept] of the joint
+    Gaussian."""
     data = heterotopic_data()
     model = randomise(build_model("cgp", data, MultitaskOptions(jitter=1e-10, noise=noise)))
     if noise == "correlated":
         model.site_noise.correlation_raw.data = torch.tensor([0.6, -0.4, 0.3],
                                                              dtype=torch.float64)
-    NaturalGradient(model, 1.0)(lambda: -model.elbo())
+
+    def posterior_at_fixed_hyperparameters(rows: TaskData):
+        model.bind(rows)
+        NaturalGradient(model, 1.0)(lambda: -model.elbo())
+        return model
+
+    predictions = held_out_predictions(data, posterior_at_fixed_hyperparameters)
+    model.bind(data)
     covariance = exact_covariance(model, data.X, data.task)
-    generator = torch.Generator().manual_seed(0)
-    expected = []
-    for task in range(3):
-        rows = torch.nonzero(data.task == task).squeeze(-1)
-        regions = task_regions(data.X[rows], 10, generator)
-        squared = []
-        for region in torch.unique(regions):
-            hidden = rows[regions == region]
-            rest = torch.ones(len(data.y), dtype=torch.bool)
-            rest[hidden] = False
-            mean = covariance[hidden][:, rest] @ torch.linalg.solve(
-                covariance[rest][:, rest], data.y[rest])
-            squared.append((mean - data.y[hidden]).square())
-        expected.append(torch.cat(squared).mean())
-    errors = held_out_task_errors(model, data, seed=0)
-    torch.testing.assert_close(errors, torch.stack(expected), rtol=1e-7, atol=1e-10)
-    assert held_out_error(model, data, seed=0) == pytest.approx(float(errors.mean()))
+    folds = fold_of_rows(data)
+    expected = torch.empty_like(data.y)
+    for fold in range(HELD_OUT_FOLDS):
+        hidden = folds == fold
+        expected[hidden] = covariance[hidden][:, ~hidden] @ torch.linalg.solve(
+            covariance[~hidden][:, ~hidden], data.y[~hidden])
+    torch.testing.assert_close(predictions, expected, rtol=1e-7, atol=1e-10)
+    squared = (expected - data.y).square()
+    per_task = torch.stack([squared[data.task == task].mean() for task in range(3)])
+    assert held_out_error(data, posterior_at_fixed_hyperparameters) == pytest.approx(
+        float(per_task.mean()))
 
 
-def test_the_held_out_error_leaves_the_model_as_it_was():
-    data, _ = toy_data(15)
-    model = randomise(build_model("cgp", data, MultitaskOptions(num_inducing=6)))
-    state = {key: value.clone() for key, value in model.state_dict().items()}
-    elbo = float(model.elbo())
-    held_out_error(model, data)
-    assert all(torch.equal(value, state[key]) for key, value in model.state_dict().items())
-    assert float(model.elbo()) == elbo and torch.equal(model.data_X, data.X)
+def test_a_held_out_prediction_never_sees_the_value_it_predicts():
+    """Hyperparameters refitted per fold: moving a row's target moves the other folds' fits
+    but not the prediction of that row (a fit to every row would carry it)."""
+    data = heterotopic_data()
+    spec = replace(MultitaskSpec(num_inducing=14, noise="correlated"), coregional_rank=2)
+
+    def fit_rows(rows):
+        return _fitted(spec, rows, default_config(spec), seed=0)
+
+    before = held_out_predictions(data, fit_rows)
+    moved = data.y.clone()
+    moved[5] += 3.0
+    after = held_out_predictions(TaskData(data.X, data.task, moved, 3), fit_rows)
+    assert float(after[5]) == pytest.approx(float(before[5]), abs=1e-8)
+    assert float((after - before).abs().max()) > 1e-3
 
 
 def test_a_model_without_a_closed_form_optimum_has_no_held_out_error():
     data, _ = toy_data(10)
     with pytest.raises(ValueError, match="single-layer"):
-        held_out_error(build_model("smdgp", data, MultitaskOptions(num_inducing=4)), data)
+        held_out_error(data, lambda rows: build_model("smdgp", rows,
+                                                      MultitaskOptions(num_inducing=4)))
 
 
-def test_a_default_cgp_on_more_than_two_tasks_keeps_the_rank_that_predicts_hidden_regions_best():
-    """Rank 2 and a latent GP per task (⌈2M/T⌉ fixed inducing inputs each) are both fitted;
-    the fit is the one with the lower held-out error and records both fits' phases, ELBOs and
-    held-out errors."""
+def test_the_default_cgp_candidates():
+    spec = MultitaskSpec(model="cgp", num_inducing=9)
+    candidates = [(each.coregional_rank, each.num_inducing, each.noise)
+                  for each in default_candidates(spec, 3)]
+    assert candidates == [(2, 9, "correlated"), (2, 9, "independent"),
+                          (3, 6, "correlated"), (3, 6, "independent")]
+    assert [each.learn_inducing for each in default_candidates(spec, 3)] == [None, None,
+                                                                             False, False]
+    assert [(each.coregional_rank, each.noise) for each in default_candidates(spec, 2)] == [
+        (None, "correlated"), (None, "independent")]
+    given = default_candidates(replace(spec, coregional_rank=2, noise="independent"), 3)
+    assert [(each.coregional_rank, each.noise) for each in given] == [(2, "independent")]
+    assert len(default_candidates(replace(spec, likelihood="bernoulli"), 3)) == 2
+    assert len(default_candidates(replace(spec, model="igp"), 3)) == 1
+    assert len(default_candidates(spec, 1)) == 1
+
+
+def test_a_default_cgp_keeps_the_candidate_that_predicts_held_out_stretches_best():
+    """Every candidate is fitted; the fit is the one with the lowest held-out error (each fold
+    fitted as the candidate was) and records every fit's phases, ELBOs and held-out errors."""
     pairs = toy_tasks(20, seed=0)
     X, generator = pairs[0][0], torch.Generator().manual_seed(0)
     third = pairs[0][1] - pairs[1][1] + 0.3 * torch.randn(len(X), generator=generator).numpy()
     pairs = [*pairs, (X, third)]
     spec = MultitaskSpec(model="cgp", num_inducing=9)
-    low, full = rank_candidates(spec, 3)
-    assert (low.coregional_rank, low.num_inducing) == (2, 9)
-    assert (full.coregional_rank, full.num_inducing, full.learn_inducing) == (3, 6, False)
-    assert rank_candidates(MultitaskSpec(model="cgp", coregional_rank=2), 3)[0].coregional_rank == 2
-    assert len(rank_candidates(spec, 2)) == len(rank_candidates(replace(spec, model="igp"), 3)) == 1
-    fits = [fit_multitask_dgp(pairs, candidate) for candidate in (low, full)]
-    errors = [held_out_error(each.model, each.data) for each in fits]
-    assert errors[0] != errors[1]
+    candidates = default_candidates(spec, 3)
+    fits = [fit_multitask_dgp(pairs, candidate) for candidate in candidates]
+    data = TaskStandardisation.from_data(TaskData.from_list(pairs)).transform(
+        TaskData.from_list(pairs))
+    errors = [held_out_error(data, _fold_fitter(each.spec, default_config(each.spec), seed=0))
+              for each in fits]
+    assert len(set(errors)) == 4
     fit = fit_multitask_dgp(pairs, spec)
     best = fits[errors.index(min(errors))]
-    assert fit.elbo == best.elbo and fit.model.options.coregional_rank == best.spec.coregional_rank
+    assert fit.elbo == best.elbo
+    assert (fit.model.options.coregional_rank, fit.model.options.noise) == (
+        best.model.options.coregional_rank, best.model.options.noise)
     assert [phase.elbo for phase in fit.phases] == [each.elbo for each in fits]
-    assert [phase.held_out for phase in fit.phases] == errors
-    assert [phase.model for phase in fit.phases] == ["cgp (R = 2)", "cgp (R = 3)"]
+    assert [phase.held_out for phase in fit.phases] == pytest.approx(errors, rel=1e-9)
+    assert [phase.model for phase in fit.phases] == [
+        "cgp (R = 2, correlated noise)", "cgp (R = 2, independent noise)",
+        "cgp (R = 3, correlated noise)", "cgp (R = 3, independent noise)"]

@@ -82,14 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cgp, cmdgp: latent GPs mixed into every output (default: 2; "
                              "with more than 2 tasks cgp also fits one per task, with 2M/T "
                              "inducing inputs each at fixed k-means centres, and keeps the "
-                             "rank that predicts stretches of each output hidden from it "
-                             "best, given the other outputs)")
+                             "rank that predicts stretches of each output best, refitted "
+                             "without them, given the other outputs)")
     parser.add_argument("--noise", metavar="correlated|independent", choices=LibraryNames(
                             "pyrogp_models.models.multitask.options:NOISES"),
                         help="cgp: the noise of the outputs observed at one input is correlated "
                              "(learned; a hidden output's prediction then uses the outputs "
-                             "observed next to it) or independent (default: correlated with the "
-                             "gaussian likelihood)")
+                             "observed next to it) or independent (default: with the gaussian "
+                             "likelihood cgp fits both and keeps the one that predicts held-out "
+                             "stretches best, as for --rank)")
     parser.add_argument("--inducing", type=int, metavar="M",
                         help="inducing inputs of every process (each task's top GP, private "
                              "and shared processes, each latent GP of cgp): the same budget in "
@@ -180,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
     kept = "" if fit.kept == args.model else f" (kept at the {fit.kept} it contains)"
     rank = (f", R = {fit.model.options.coregional_rank}"
             if args.model in ("cgp", "cmdgp") else "")
+    if args.model == "cgp":
+        rank += f", {fit.model.options.noise} noise"
     print(f"\n{args.model}, {len(columns.tasks)} tasks, M = {fit.spec.num_inducing}{rank}: ELBO "
           f"{fit.elbo:.6g}{kept}, {fit.steps} steps, "
           f"{'converged' if fit.converged else 'not converged'}, {fit.training_seconds:.1f} s of "

@@ -22,11 +22,12 @@ their best):
   (``top_mean="linear"``, starting at 0): the linear coregionalisation of the shared processes
   (eq. 11) sits inside the non-linear model; ``"zero"`` is the paper's;
 - the coregionalised models (cGP, cMDGP) mix R = min(T, 2) latent GPs per output (the rank of
-  the coregionalisation matrix; a default cGP fit also tries R = T and keeps the better bound,
-  :func:`pyrogp_models.inference.multitask_fit.rank_candidates`) and cMDGP mixes Q = W latent
-  GPs into its latent space;
+  the coregionalisation matrix) and cMDGP mixes Q = W latent GPs into its latent space;
 - cGP with a Gaussian likelihood on all rows has noise correlated across the outputs observed at
   one input (``noise="correlated"``, starting independent); every other model independent noise.
+
+A default cGP fit also tries R = T and independent noise and keeps the candidate that predicts
+held-out stretches best (:func:`pyrogp_models.inference.multitask_fit.default_candidates`).
 """
 
 from __future__ import annotations
@@ -142,8 +143,7 @@ class MultitaskOptions:
         if top_mean == "linear" and kind in ("cgp", "cmdgp"):
             raise ValueError(f"{kind}'s coregionalised top layer has no linear mean; use "
                              "top_mean='zero'")
-        correlated_noise_fits = (kind == "cgp" and self.likelihood == "gaussian"
-                                 and self.batch_size is None)
+        correlated_noise_fits = self.correlated_noise_fits(kind)
         noise = self.noise or ("correlated" if correlated_noise_fits else "independent")
         if noise == "correlated" and not correlated_noise_fits:
             raise ValueError("correlated noise needs cgp with a Gaussian likelihood on all rows "
@@ -155,6 +155,11 @@ class MultitaskOptions:
                        coregional_rank=(self.coregional_rank
                                         or min(num_tasks, DEFAULT_COREGIONAL_RANK)),
                        top_mean=top_mean)
+
+    def correlated_noise_fits(self, kind: str) -> bool:
+        """Whether model ``kind`` can have noise correlated across the outputs at one input:
+        cGP with a Gaussian likelihood on all rows."""
+        return kind == "cgp" and self.likelihood == "gaussian" and self.batch_size is None
 
     def with_inducing_for(self, counts: list[int]) -> MultitaskOptions:
         """``num_inducing`` resolved for tasks of ``counts`` rows: the rows of the largest
