@@ -92,9 +92,9 @@ HELD_OUT_TOL = 1e-4
 #: many outputs (grunfeld: 20 years, 11 firms), where a fit walks a ray — a lengthscale, the
 #: mixing weights and a noise correlation growing together — for hundreds of steps, its bound
 #: and predictions barely changing; a step of a correlated-noise cGP on 800 rows (macro) takes
-#: a second. Measured with correlated noise, 20 steps against 50: macro's second stretch
-#: (R = 2) 4.328 against 4.336 in 58 % of the time, grunfeld's first (R = 2, R = 11) 1.418 and
-#: 2.391 against 1.404 and 2.661 in 65 % and 49 %; the candidates ranked alike.
+#: a second. Measured with correlated noise and 3 folds, 20 steps against 50: macro's second
+#: stretch (R = 2) 4.328 against 4.336 in 58 % of the time, grunfeld's first (R = 2, R = 11)
+#: 1.418 and 2.391 against 1.404 and 2.661 in 65 % and 49 %; the candidates ranked alike.
 HELD_OUT_STEPS = 20
 #: Samples × rows × inducing points evaluated at once by :func:`estimate_elbo`.
 CHUNK_ELEMENTS = 2**22
