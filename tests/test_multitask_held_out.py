@@ -144,28 +144,47 @@ def test_the_default_cgp_candidates():
     assert len(default_candidates(spec, 1)) == 1
 
 
-def test_a_default_cgp_keeps_the_candidate_that_predicts_held_out_stretches_best():
-    """Every candidate is fitted; the fit is the one with the lowest held-out error (each fold
-    fitted as the candidate was) and records every fit's phases, ELBOs and held-out errors."""
+def test_a_default_cgp_fits_the_candidate_that_predicts_held_out_stretches_best():
+    """Every candidate's held-out error is computed (each fold fitted as the candidate is); the
+    one with the lowest is fitted to all rows, and every candidate has a phase with its error
+    (the others with no steps and no ELBO)."""
     pairs = toy_tasks(20, seed=0)
     X, generator = pairs[0][0], torch.Generator().manual_seed(0)
     third = pairs[0][1] - pairs[1][1] + 0.3 * torch.randn(len(X), generator=generator).numpy()
     pairs = [*pairs, (X, third)]
     spec = MultitaskSpec(model="cgp", num_inducing=9)
     candidates = default_candidates(spec, 3)
-    fits = [fit_multitask_dgp(pairs, candidate) for candidate in candidates]
     data = TaskStandardisation.from_data(TaskData.from_list(pairs)).transform(
         TaskData.from_list(pairs))
-    errors = [held_out_error(data, _fold_fitter(each.spec, default_config(each.spec), seed=0))
-              for each in fits]
+    errors = [held_out_error(data, _fold_fitter(each, default_config(each), seed=0))
+              for each in candidates]
     assert len(set(errors)) == 4
     fit = fit_multitask_dgp(pairs, spec)
-    best = fits[errors.index(min(errors))]
-    assert fit.elbo == best.elbo
+    best = candidates[errors.index(min(errors))]
+    alone = fit_multitask_dgp(pairs, best)
+    assert fit.elbo == alone.elbo and fit.steps == alone.steps
     assert (fit.model.options.coregional_rank, fit.model.options.noise) == (
-        best.model.options.coregional_rank, best.model.options.noise)
-    assert [phase.elbo for phase in fit.phases] == [each.elbo for each in fits]
+        best.coregional_rank, best.noise)
     assert [phase.held_out for phase in fit.phases] == pytest.approx(errors, rel=1e-9)
+    assert [phase.elbo for phase in fit.phases] == [
+        alone.elbo if each is best else None for each in candidates]
     assert [phase.model for phase in fit.phases] == [
         "cgp (R = 2, correlated noise)", "cgp (R = 2, independent noise)",
         "cgp (R = 3, correlated noise)", "cgp (R = 3, independent noise)"]
+
+
+def test_a_cgp_classifier_compares_its_ranks_by_their_elbo():
+    """Without a closed-form q(u) optimum there is no held-out error: every rank is fitted and
+    the higher ELBO kept."""
+    data, _ = toy_data(12, likelihood="bernoulli")
+    third = (data.X[data.task == 0, 0] > 0).double()
+    pairs = [(data.X[data.task == t].numpy(), data.y[data.task == t].numpy()) for t in range(2)]
+    pairs.append((data.X[data.task == 0].numpy(), third.numpy()))
+    spec = MultitaskSpec(model="cgp", likelihood="bernoulli", num_inducing=4)
+    config = replace(default_config(spec), steps=20)
+    fits = [fit_multitask_dgp(pairs, each, config) for each in default_candidates(spec, 3)]
+    fit = fit_multitask_dgp(pairs, spec, config)
+    assert fit.elbo == max(each.elbo for each in fits)
+    assert [phase.elbo for phase in fit.phases] == [each.elbo for each in fits]
+    assert [phase.held_out for phase in fit.phases] == [None, None]
+    assert [phase.model for phase in fit.phases] == ["cgp (R = 2)", "cgp (R = 3)"]

@@ -175,8 +175,9 @@ def run(args: argparse.Namespace) -> int:
     held_out = ["held-out MSE"] if any(phase.held_out is not None for phase in fit.phases) else []
     print("\n" + format_table(
         ["phase", "steps", "seconds", "converged", "ELBO", *held_out],
-        [(phase.model, phase.steps, f"{phase.seconds:.1f}", _converged(phase),
-          f"{phase.elbo:.6g}", *([f"{phase.held_out:.4g}"] if held_out else []))
+        [(phase.model, *((phase.steps, f"{phase.seconds:.1f}", _converged(phase),
+                          f"{phase.elbo:.6g}") if phase.elbo is not None else ["—"] * 4),
+          *([f"{phase.held_out:.4g}"] if held_out else []))
          for phase in fit.phases]))
     kept = "" if fit.kept == args.model else f" (kept at the {fit.kept} it contains)"
     rank = (f", R = {fit.model.options.coregional_rank}"

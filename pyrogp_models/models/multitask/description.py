@@ -91,10 +91,11 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
         lines.append(f"fit: final ELBO {info['elbo']:.6g}{kept_text}, {info.get('steps')} "
                      f"steps{seconds}, {status}")
         for phase in info.get("phases", []):
-            lines.append(f"  phase {phase['model']}: {phase['steps']} steps, "
-                         f"{phase['seconds']:.1f} s, "
-                         f"{'converged' if phase['converged'] else 'not converged'}, "
-                         f"ELBO {phase['elbo']:.6g}"
+            fitted = (f"{phase['steps']} steps, {phase['seconds']:.1f} s, "
+                      f"{'converged' if phase['converged'] else 'not converged'}, "
+                      f"ELBO {phase['elbo']:.6g}" if phase["elbo"] is not None
+                      else "fitted to its held-out folds only")
+            lines.append(f"  phase {phase['model']}: {fitted}"
                          + (f", held-out MSE {phase['held_out']:.4g}"
                             if phase.get("held_out") is not None else ""))
     if "targets" in info:
