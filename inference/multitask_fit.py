@@ -189,6 +189,12 @@ def deterministic_objective(spec: MultitaskOptions, model: str) -> bool:
     return not make_likelihood(spec.likelihood, (), **spec.likelihood_options).stochastic
 
 
+def collapsible(spec: MultitaskSpec) -> bool:
+    """Whether ``spec`` is a single-layer model with a Gaussian likelihood on all rows: q(u) has
+    a closed-form optimum, so it trains on the collapsed bound and has a held-out error."""
+    return deterministic_objective(spec, spec.model) and spec.likelihood == "gaussian"
+
+
 def default_config(spec: MultitaskSpec) -> TrainConfig:
     """How ``spec.model`` trains by default (see the module docstring; the settings and the
     measurements behind them are in :mod:`~pyrogp_models.inference.train_config`):
@@ -209,10 +215,10 @@ def default_config(spec: MultitaskSpec) -> TrainConfig:
       (:data:`~pyrogp_models.inference.train_config.MULTITASK_DEEP_CONFIG`), with
       natural-gradient steps on q(u) (γ = 1 for a single-layer model; 0.1 on a deep model's top
       layer where the likelihood is Gaussian)."""
-    if deterministic_objective(spec, spec.model):
-        if spec.likelihood != "gaussian":
-            return MULTITASK_UNCOLLAPSED_CONFIG
+    if collapsible(spec):
         return COLLAPSED_CONFIG if spec.model == "igp" else MULTITASK_SHALLOW_CONFIG
+    if deterministic_objective(spec, spec.model):
+        return MULTITASK_UNCOLLAPSED_CONFIG
     config = MULTITASK_DEEP_CONFIG
     if spec.model in CONTAINED.values():
         return replace(config, natural_gradient_lr=1.0)
@@ -329,7 +335,7 @@ def _best_candidate(tasks: TaskData, data: TaskData, candidates: list[MultitaskS
     no steps or ELBO. Where q(u) has no closed-form optimum (a likelihood other than Gaussian, or
     minibatches), every candidate is fitted and the higher ELBO kept, with every fit's
     phases."""
-    if not _has_held_out_error(candidates[0]):
+    if not collapsible(candidates[0]):
         fits = [fit_multitask_dgp(tasks, candidate, config) for candidate in candidates]
         best = max(fits, key=lambda fit: fit.elbo)
         return replace(best, phases=[replace(phase, model=f"{phase.model} ({_label(fit.spec)})")
@@ -346,13 +352,6 @@ def _best_candidate(tasks: TaskData, data: TaskData, candidates: list[MultitaskS
         else:
             phases.append(Phase(label, 0, 0.0, True, None, held_out=error))
     return replace(best, phases=phases)
-
-
-def _has_held_out_error(spec: MultitaskSpec) -> bool:
-    """Whether ``spec`` is a single-layer model with a Gaussian likelihood on all rows, whose
-    q(u) has a closed-form optimum (:func:`held_out_error` needs it)."""
-    return (spec.model in CONTAINED.values() and spec.likelihood == "gaussian"
-            and spec.batch_size is None)
 
 
 def _label(spec: MultitaskSpec) -> str:
