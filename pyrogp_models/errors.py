@@ -74,3 +74,8 @@ class NotConvergedWarning(UserWarning):
                  members: int = 0):
         super().__init__(message)
         self.steps, self.change, self.tolerance, self.members = steps, change, tolerance, members
+
+
+class CandidateDroppedWarning(UserWarning):
+    """A candidate of a compared fit (a default cGP's rank and noise) was left out: its fit to
+    a held-out fold failed."""

@@ -179,6 +179,31 @@ def test_a_default_cgp_on_three_outputs_reports_every_candidate_and_keeps_the_be
             and "s of training" in described)
 
 
+def test_a_dropped_candidate_is_one_warning_line_and_named_in_the_tables(capsys, folder):
+    """Outputs a and c exact linear copies where a held-out fold keeps both, not over all rows
+    (tests/test_multitask_held_out.py): the correlated-noise candidates are dropped, each with
+    one ``pyrogp: warning:`` line, and shown as dropped by the fit's table and by ``info``."""
+    pairs = toy_tasks(20, seed=0)
+    x = pairs[0][0][:, 0]
+    c = pairs[0][1] - 0.5 * np.interp(x, pairs[1][0][:, 0], pairs[1][1])
+    long = [(x, 0, pairs[0][1]), (pairs[1][0][:, 0], 1, pairs[1][1]), (x, 2, c)]
+    table = {"x": np.concatenate([inputs for inputs, _, _ in long]),
+             "task": np.concatenate([np.full(len(y), t, float) for _, t, y in long]),
+             "y": np.concatenate([y for _, _, y in long])}
+    out = folder / "dropped.safetensors"
+    capsys.readouterr()
+    assert main(["--threads", "1", "fit-multitask", str(write_csv(folder / "dropped.csv", table)),
+                 *LONG, "--inducing", "9", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    warned = [line for line in captured.err.splitlines() if line.startswith("pyrogp: warning:")]
+    assert len(warned) == 2 and all("correlated noise dropped" in line for line in warned)
+    assert "Traceback" not in captured.err and "UserWarning" not in captured.err
+    assert all(re.search(rf"cgp \(R = {rank}, correlated noise\).*dropped", captured.out)
+               for rank in (2, 3))
+    described = run_ok(capsys, "info", out)
+    assert "correlated noise): dropped: a fit to its held-out folds failed" in described
+
+
 def test_the_default_is_an_lmc_cgp_and_the_exact_gp_where_the_largest_task_has_every_input(
         capsys, folder):
     """No flags: cGP with a kernel per latent GP, M = the largest task's rows; where that task
@@ -359,7 +384,8 @@ BAD_FITS = {
     "--link for gaussian": ("data", [*LONG, "--link", "probit"], "--link applies to"),
     "--noise for igp": ("data", [*LONG, "--model", "igp", "--noise", "correlated"],
                         "--noise applies to cgp, not igp"),
-    "correlated noise of copied outputs": ("copied", ["--target", "a,b"],
+    "correlated noise of copied outputs": ("copied", ["--target", "a,b", "--noise",
+                                                      "correlated"],
                                            "tasks 0 and 1 are exact linear copies"),
 }
 

@@ -1,10 +1,13 @@
 """The held-out error of single-layer multitask GPs (inference/multitask_held_out.py) and the
 default cGP's choice among its candidates by it."""
 
+import warnings
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
+from pyrogp_models.inference import multitask_fit
 from pyrogp_models.inference.multitask_fit import (
     MultitaskSpec,
     _fitted,
@@ -22,6 +25,7 @@ from pyrogp_models.inference.multitask_held_out import (
 from pyrogp_models.inference.natural_gradient import NaturalGradient
 
 from multitask_helpers import randomise, toy_data
+from pyrogp_models.errors import CandidateDroppedWarning, CholeskyError, DataError
 from pyrogp_models.models.multitask import (
     MultitaskOptions,
     TaskData,
@@ -29,6 +33,7 @@ from pyrogp_models.models.multitask import (
     build_model,
     toy_tasks,
 )
+from pyrogp_models.models.multitask.noise_correlation import SiteLayout, require_distinct_outputs
 
 
 def heterotopic_data() -> TaskData:
@@ -171,6 +176,83 @@ def test_a_default_cgp_fits_the_candidate_that_predicts_held_out_stretches_best(
     assert [phase.model for phase in fit.phases] == [
         "cgp (R = 2, correlated noise)", "cgp (R = 2, independent noise)",
         "cgp (R = 3, correlated noise)", "cgp (R = 3, independent noise)"]
+
+
+def copies_on_a_fold() -> list:
+    """Three outputs at 20 inputs, the third the first less half the second interpolated to
+    its inputs: their correlation over all 20 inputs is short of 1, but exactly 1 where a fold
+    keeps both (:func:`test_a_candidate_whose_held_out_fold_fails_is_dropped_with_a_warning`)."""
+    pairs = toy_tasks(20, seed=0)
+    X = pairs[0][0]
+    return [*pairs, (X, pairs[0][1] - 0.5 * np.interp(X[:, 0], pairs[1][0][:, 0], pairs[1][1]))]
+
+
+def test_a_candidate_whose_held_out_fold_fails_is_dropped_with_a_warning():
+    """A fold keeps fewer rows than the fit to all rows: here the first and third outputs are
+    exact linear copies where a fold keeps both, so a correlated-noise fit of that fold fails
+    (their noises cannot be told apart) while the full data fit. The default fit drops those
+    candidates with a warning, records no held-out error for them, and keeps the best of the
+    rest, fitted to all rows."""
+    pairs = copies_on_a_fold()
+    data = TaskStandardisation.from_data(TaskData.from_list(pairs)).transform(
+        TaskData.from_list(pairs))
+    sites = SiteLayout.of(data.X, data.task, 3)
+    require_distinct_outputs(sites, data.y)  # all rows: not copies
+    folds = fold_of_rows(data)
+    failing = 0
+    for fold in range(HELD_OUT_FOLDS):
+        kept = folds != fold
+        try:
+            require_distinct_outputs(
+                SiteLayout.of(data.X[kept], data.task[kept], 3), data.y[kept])
+        except DataError:
+            failing += 1
+    assert failing > 0
+    spec = MultitaskSpec(model="cgp", num_inducing=9)
+    with pytest.warns(CandidateDroppedWarning, match="exact linear copies") as caught:
+        fit = fit_multitask_dgp(pairs, spec)
+    dropped = [str(each.message).split(" dropped")[0] for each in caught
+               if each.category is CandidateDroppedWarning]
+    assert dropped == ["candidate R = 2, correlated noise", "candidate R = 3, correlated noise"]
+    errors = {phase.model: phase.held_out for phase in fit.phases}
+    assert errors["cgp (R = 2, correlated noise)"] is None
+    assert errors["cgp (R = 3, correlated noise)"] is None
+    independent = {rank: errors[f"cgp (R = {rank}, independent noise)"] for rank in (2, 3)}
+    best = min(independent, key=independent.get)
+    assert (fit.model.options.coregional_rank, fit.model.options.noise) == (best, "independent")
+
+
+def test_when_every_candidate_fold_fails_the_first_failure_is_raised(monkeypatch):
+    def failing_fitter(spec, config, seed):
+        def fit_rows(rows):
+            raise CholeskyError(f"no factorisation for R = {spec.coregional_rank}, {spec.noise}")
+        return fit_rows
+
+    monkeypatch.setattr(multitask_fit, "_fold_fitter", failing_fitter)
+    pairs = toy_tasks(10, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CandidateDroppedWarning)
+        with pytest.raises(CholeskyError, match="R = None, correlated"):
+            fit_multitask_dgp(pairs, MultitaskSpec(model="cgp", num_inducing=4))
+
+
+def test_the_candidate_comparison_in_float32_chooses_as_in_float64():
+    """The held-out errors of the candidates in float32 agree with float64's to within the
+    rounding's share (a fold's fit stops after a few steps, where rounding can move it), and the
+    same candidate is kept, with the same ELBO to a few digits."""
+    pairs = copies_on_a_fold()
+    noise = 0.3 * np.random.default_rng(0).normal(size=len(pairs[2][1]))
+    pairs[2] = (pairs[2][0], pairs[2][1] + noise)
+    fits = {dtype: fit_multitask_dgp(pairs, MultitaskSpec(model="cgp", num_inducing=9,
+                                                          dtype=dtype))
+            for dtype in (torch.float32, torch.float64)}
+    single, double = fits[torch.float32], fits[torch.float64]
+    assert {parameter.dtype for parameter in single.model.parameters()} == {torch.float32}
+    assert [phase.held_out for phase in single.phases] == pytest.approx(
+        [phase.held_out for phase in double.phases], rel=2e-2)
+    assert [phase.elbo is None for phase in single.phases] == [
+        phase.elbo is None for phase in double.phases]
+    assert single.elbo == pytest.approx(double.elbo, abs=1e-2)
 
 
 def test_a_cgp_classifier_compares_its_ranks_by_their_elbo():

@@ -21,6 +21,7 @@ from pyrogp_models import io
 from pyrogp_models.data import Table, require_finite
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.errors import (
+    CandidateDroppedWarning,
     DataError,
     ModuleFileError,
     NotConvergedWarning,
@@ -210,14 +211,18 @@ def likelihood_options(args: argparse.Namespace, y: np.ndarray) -> dict:
 @contextlib.contextmanager
 def one_line_warnings(advice: str) -> Iterator[None]:
     """Print a fit's :class:`NotConvergedWarning` as one ``pyrogp: warning:`` line ending in
-    ``advice`` (e.g. the flag that allows more steps); other warnings pass through."""
+    ``advice`` (e.g. the flag that allows more steps), and a :class:`CandidateDroppedWarning`
+    as one such line; other warnings pass through."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NotConvergedWarning)
+        warnings.simplefilter("always", CandidateDroppedWarning)
         yield
     for warning in caught:
         if issubclass(warning.category, NotConvergedWarning):
             message = str(warning.message).removesuffix("; allow more steps")
             print(f"pyrogp: warning: {message}; {advice}", file=sys.stderr)
+        elif issubclass(warning.category, CandidateDroppedWarning):
+            print(f"pyrogp: warning: {warning.message}", file=sys.stderr)
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename,
                                    warning.lineno)

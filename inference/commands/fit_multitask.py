@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         ["phase", "steps", "seconds", "converged", "ELBO", *held_out],
         [(phase.model, *((phase.steps, f"{phase.seconds:.1f}", _converged(phase),
                           f"{phase.elbo:.6g}") if phase.elbo is not None else ["—"] * 4),
-          *([f"{phase.held_out:.4g}"] if held_out else []))
+          *([_held_out(phase)] if held_out else []))
          for phase in fit.phases]))
     kept = "" if fit.kept == args.model else f" (kept at the {fit.kept} it contains)"
     rank = (f", R = {fit.model.options.coregional_rank}"
@@ -190,6 +190,13 @@ def run(args: argparse.Namespace) -> int:
           f"training, {fit.seconds:.1f} s in all; "
           f"written to {path}")
     return 0
+
+
+def _held_out(phase) -> str:
+    """A candidate's held-out MSE; "dropped" where a fit to its folds failed."""
+    if phase.held_out is not None:
+        return f"{phase.held_out:.4g}"
+    return "dropped" if phase.elbo is None else "—"
 
 
 def _converged(phase) -> str:

@@ -94,7 +94,9 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
             fitted = (f"{phase['steps']} steps, {phase['seconds']:.1f} s, "
                       f"{'converged' if phase['converged'] else 'not converged'}, "
                       f"ELBO {phase['elbo']:.6g}" if phase["elbo"] is not None
-                      else "fitted to its held-out folds only")
+                      else "fitted to its held-out folds only"
+                      if phase.get("held_out") is not None
+                      else "dropped: a fit to its held-out folds failed")
             lines.append(f"  phase {phase['model']}: {fitted}"
                          + (f", held-out MSE {phase['held_out']:.4g}"
                             if phase.get("held_out") is not None else ""))
