@@ -28,11 +28,12 @@ the library's trainer (:func:`pyrogp_models.inference.trainer.train`):
 
 A default cGP compares two ranks on more than two tasks and, with a Gaussian likelihood, each
 with correlated and with independent noise (:func:`default_candidates`), and fits to all rows
-the one that predicts hidden stretches of each output from the rest best, refitted without them
-(:func:`~pyrogp_models.inference.multitask_held_out.held_out_error`; where no model has a
-closed-form q(u) optimum, it fits every rank and keeps the higher ELBO). The fit records every
-phase (model, steps, seconds, converged, ELBO, held-out error where computed) and the final
-ELBO. The predictor works in data units and takes the task of every point as ``labels``.
+the one that predicts hidden stretches of the outputs best, refitted without them, each output
+weighted by its gaps (:func:`~pyrogp_models.inference.multitask_held_out.held_out_error`;
+where no model has a closed-form q(u) optimum, it fits every rank and keeps the higher ELBO).
+The fit records every phase (model, steps, seconds, converged, ELBO, held-out error where
+computed) and the final ELBO. The predictor works in data units and takes the task of every
+point as ``labels``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,12 @@ fits a model to the rows it keeps (``fit_rows``: hyperparameters and q(u), from 
 that no hidden value reaches the prediction) and predicts every hidden row given the other
 outputs observed at its site in that fold (:func:`~.noise_correlation.condition_on_site`):
 
-    error = (1/T) Σ_t mean over t's rows of (y − E[y | the fold's kept rows])²     (model units).
+    error = Σ_t w_t e_t / Σ_t w_t,   e_t = mean over t's rows of (y − E[y | the fold's kept rows])²
+
+(model units), the weight w_t of output t the number of distinct inputs where t is missing
+(:func:`gap_weights`): the values of t a user of the table would predict. The error is an
+estimate of the mean squared error over those predictions; where no output has a gap, every
+output weighs the same.
 
 Unlike an error at hyperparameters fitted to every row, it does not reward a model for
 memorising the rows it predicts (a noise correlation learned from them, say).
@@ -76,13 +81,25 @@ def held_out_predictions(data: TaskData, fit_rows: Callable[[TaskData], Multitas
     return predictions
 
 
+def gap_weights(data: TaskData) -> torch.Tensor:
+    """w_t [T]: the distinct inputs where output t is not observed (its gaps: a wide table's
+    empty cells), or ones where no output has a gap."""
+    missing = (~SiteLayout.of(data.X, data.task, data.num_tasks).mask).sum(0).to(data.y.dtype)
+    return missing if bool(missing.any()) else torch.ones_like(missing)
+
+
 def held_out_error(data: TaskData, fit_rows: Callable[[TaskData], MultitaskGP],
                    num_folds: int = HELD_OUT_FOLDS, seed: int = 0) -> float:
-    """The error of the module docstring: the mean over tasks of every task's mean squared
-    error of :func:`held_out_predictions`."""
+    """The error of the module docstring: every task's mean squared error of
+    :func:`held_out_predictions`, averaged with the weights of :func:`gap_weights` (equal
+    weights if no task with a gap has hidden rows)."""
     squared = (held_out_predictions(data, fit_rows, num_folds, seed) - data.y).square()
     hidden = ~squared.isnan()
     per_task = torch.zeros(data.num_tasks, dtype=squared.dtype, device=squared.device)
     per_task.index_add_(0, data.task[hidden], squared[hidden])
     counts = torch.bincount(data.task[hidden], minlength=data.num_tasks).to(squared.dtype)
-    return float((per_task / counts)[counts > 0].mean())
+    scored = counts > 0
+    weights = gap_weights(data)[scored]
+    if not bool(weights.any()):
+        weights = torch.ones_like(weights)
+    return float((weights * per_task[scored] / counts[scored]).sum() / weights.sum())

@@ -19,6 +19,7 @@ from pyrogp_models.inference.multitask_fit import (
 from pyrogp_models.inference.multitask_held_out import (
     HELD_OUT_FOLDS,
     fold_of_rows,
+    gap_weights,
     held_out_error,
     held_out_predictions,
 )
@@ -104,8 +105,23 @@ def test_held_out_predictions_of_the_exact_gp_are_the_gaussian_conditional_of_ev
     torch.testing.assert_close(predictions, expected, rtol=1e-7, atol=1e-10)
     squared = (expected - data.y).square()
     per_task = torch.stack([squared[data.task == task].mean() for task in range(3)])
+    missing = 14 - torch.bincount(data.task).to(per_task.dtype)   # the third output's 4 gaps
     assert held_out_error(data, posterior_at_fixed_hyperparameters) == pytest.approx(
-        float(per_task.mean()))
+        float((missing * per_task).sum() / missing.sum()))
+
+
+def test_outputs_weigh_by_their_gaps_and_equally_without_any():
+    """w_t counts the inputs where output t is missing (what a user would predict); a table
+    without gaps weighs every output the same."""
+    data = heterotopic_data()
+    assert gap_weights(data).tolist() == [0.0, 0.0, 4.0]
+    two_gaps = data.task != 1
+    two_gaps[(data.task == 1).nonzero()[:5, 0]] = True      # the second output at 5 of 14
+    thinned = TaskData(data.X[two_gaps], data.task[two_gaps], data.y[two_gaps], 3)
+    assert gap_weights(thinned).tolist() == [0.0, 9.0, 4.0]
+    full = data.task != 2
+    isotopic = TaskData(data.X[full], data.task[full], data.y[full], 2)
+    assert gap_weights(isotopic).tolist() == [1.0, 1.0]
 
 
 def test_a_held_out_prediction_never_sees_the_value_it_predicts():

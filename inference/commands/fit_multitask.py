@@ -82,8 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cgp, cmdgp: latent GPs mixed into every output (default: 2; "
                              "with more than 2 tasks cgp also fits one per task, with 2M/T "
                              "inducing inputs each at fixed k-means centres, and keeps the "
-                             "rank that predicts stretches of each output best, refitted "
-                             "without them, given the other outputs)")
+                             "rank that predicts stretches of the outputs with gaps best, "
+                             "refitted without them, given the other outputs)")
     parser.add_argument("--noise", metavar="correlated|independent", choices=LibraryNames(
                             "pyrogp_models.models.multitask.options:NOISES"),
                         help="cgp: the noise of the outputs observed at one input is correlated "
