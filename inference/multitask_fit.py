@@ -1,7 +1,9 @@
 """Fit a multitask (deep) GP: ``fit_multitask_dgp(data, spec, config) -> MultitaskFit``.
 
 The data — a list of per-task pairs [(X^t, y^t)], a long-format triple (X, task, y) or a
-:class:`~pyrogp_models.models.multitask.TaskData` — are standardised (inputs over all tasks,
+:class:`~pyrogp_models.models.multitask.TaskData` — are put in one order (by task, input and
+target: :meth:`~pyrogp_models.models.multitask.TaskData.in_canonical_order`, so that a fit
+depends on the rows and not on their order), standardised (inputs over all tasks,
 Gaussian targets per task), the model named by ``spec.model`` is initialised from them (k-means
 inducing inputs, M per process from the tasks' rows, fixed linear inner means) and trained with
 the library's trainer (:func:`pyrogp_models.inference.trainer.train`):
@@ -155,9 +157,10 @@ class Phase:
 @dataclass
 class MultitaskFit(Fit):
     """:class:`Fit` (the trained model, its record, the predictor, the standardisation) with the
-    spec, the training data in model units, the final ELBO (:func:`estimate_elbo`), the phases
-    of the fit, which state was kept (``spec.model``, or the contained shallow model's kind
-    when the deep fit ended below it and the model holds that embedding) and the wall seconds
+    spec, the training data in model units (in canonical order), the final ELBO
+    (:func:`estimate_elbo`), the phases of the fit, which state was kept (``spec.model``, or the
+    contained shallow model's kind when the deep fit ended below it and the model holds that
+    embedding) and the wall seconds
     of the whole fit (training, ELBO estimates, the candidates' held-out errors)."""
 
     spec: MultitaskSpec
@@ -284,7 +287,7 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     if spec.likelihood not in LIKELIHOODS:
         raise ValueError(f"unknown likelihood '{spec.likelihood}'; "
                          f"choose from {sorted(LIKELIHOODS)}")
-    tasks = as_task_data(data, spec.dtype, spec.device)
+    tasks = as_task_data(data, spec.dtype, spec.device).in_canonical_order()
     standardisation = TaskStandardisation.from_data(
         tasks, LIKELIHOODS[spec.likelihood].standardise_targets)
     model_data = standardisation.transform(tasks)

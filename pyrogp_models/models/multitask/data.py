@@ -86,6 +86,15 @@ class TaskData:
         """N^t per task [T]."""
         return torch.bincount(self.task, minlength=self.num_tasks)
 
+    def in_canonical_order(self) -> TaskData:
+        """The same rows sorted by task, then input (lexicographically), then target: whatever a
+        fit derives from the order of its rows (k-means starts, held-out regions, minibatches)
+        then depends on the rows alone, not on the order they came in."""
+        order = torch.arange(self.num_points, device=self.task.device)
+        for key in (self.y, *reversed(self.X.unbind(-1)), self.task):  # least significant first
+            order = order[torch.argsort(key[order], stable=True)]
+        return TaskData(self.X[order], self.task[order], self.y[order], self.num_tasks)
+
     def to(self, dtype: torch.dtype | None = None,
            device: torch.device | str | None = None) -> TaskData:
         """The same data with X and y in ``dtype`` and all tensors on ``device``."""
