@@ -160,8 +160,8 @@ class MultitaskFit(Fit):
     spec, the training data in model units (in canonical order), the final ELBO
     (:func:`estimate_elbo`), the phases of the fit, which state was kept (``spec.model``, or the
     contained shallow model's kind when the deep fit ended below it and the model holds that
-    embedding) and the wall seconds
-    of the whole fit (training, ELBO estimates, the candidates' held-out errors)."""
+    embedding) and the wall seconds of the whole fit (training, ELBO estimates, the candidates'
+    held-out errors)."""
 
     spec: MultitaskSpec
     data: TaskData

@@ -90,16 +90,8 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
                    else f", {info['seconds']:.1f} s" if "seconds" in info else "")
         lines.append(f"fit: final ELBO {info['elbo']:.6g}{kept_text}, {info.get('steps')} "
                      f"steps{seconds}, {status}")
-        for phase in info.get("phases", []):
-            fitted = (f"{phase['steps']} steps, {phase['seconds']:.1f} s, "
-                      f"{'converged' if phase['converged'] else 'not converged'}, "
-                      f"ELBO {phase['elbo']:.6g}" if phase["elbo"] is not None
-                      else "fitted to its held-out folds only"
-                      if phase.get("held_out") is not None
-                      else "dropped: a fit to its held-out folds failed")
-            lines.append(f"  phase {phase['model']}: {fitted}"
-                         + (f", held-out MSE {phase['held_out']:.4g}"
-                            if phase.get("held_out") is not None else ""))
+        lines += [f"  phase {phase['model']}: {_phase_text(phase)}"
+                  for phase in info.get("phases", [])]
     if "targets" in info:
         lines.append(f"table: task column '{info['task_column']}', target '{info['targets'][0]}'"
                      if info.get("task_column") else "table: one target column per task")
@@ -107,3 +99,18 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
         lines.append(f"predictions: a mixture of S = {predictor.num_samples} draws of λ")
     lines.append("kernel hyperparameters and Gaussian noise refer to the standardised data")
     return "\n".join(lines)
+
+
+def _phase_text(phase: dict) -> str:
+    """A recorded phase: its training (a candidate not kept has no ELBO: fitted to its held-out
+    folds only, or dropped where such a fit failed) and its held-out MSE where it has one."""
+    held_out = phase.get("held_out")
+    if phase["elbo"] is not None:
+        text = (f"{phase['steps']} steps, {phase['seconds']:.1f} s, "
+                f"{'converged' if phase['converged'] else 'not converged'}, "
+                f"ELBO {phase['elbo']:.6g}")
+    elif held_out is not None:
+        text = "fitted to its held-out folds only"
+    else:
+        return "dropped: a fit to its held-out folds failed"
+    return text if held_out is None else f"{text}, held-out MSE {held_out:.4g}"
