@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 from pyrogp_models.inference.fit_result import Fit
-from pyrogp_models.inference.multitask_held_out import held_out_error
+from pyrogp_models.inference.multitask_held_out import HELD_OUT_FOLDS, held_out_error
 from pyrogp_models.inference.natural_gradient import NaturalGradient
 from pyrogp_models.inference.train_config import (
     COLLAPSED_CONFIG,
@@ -58,6 +58,7 @@ from pyrogp_models.inference.train_config import (
     TrainConfig,
 )
 from pyrogp_models.inference.trainer import TrainResult, train
+from tqdm import tqdm
 
 from pyrogp_models.errors import (
     CandidateDroppedWarning,
@@ -346,7 +347,8 @@ def _best_candidate(tasks: TaskData, data: TaskData, candidates: list[MultitaskS
     ``data``, model units, every fold fitted as the candidate is: :func:`_fold_fitter`), fitted
     to all rows (``tasks``) alone; every other candidate has a phase with its held-out error and
     no steps or ELBO (nor a held-out error where a fold's fit failed: :data:`FOLD_FAILURES`; if
-    every candidate's did, the first failure is raised). Where q(u) has no closed-form optimum
+    every candidate's did, the first failure is raised); ``config.progress`` shows one bar over
+    the candidates' folds. Where q(u) has no closed-form optimum
     (a likelihood other than Gaussian, or minibatches), every candidate is fitted and the
     higher ELBO kept, with every fit's phases."""
     if not collapsible(candidates[0]):
@@ -355,14 +357,19 @@ def _best_candidate(tasks: TaskData, data: TaskData, candidates: list[MultitaskS
         return replace(best, phases=[replace(phase, model=f"{phase.model} ({_label(fit.spec)})")
                                      for fit in fits for phase in fit.phases])
     errors, failures = [], []
-    for candidate in candidates:
-        try:
-            errors.append(held_out_error(data, _fold_fitter(candidate, config, seed), seed=seed))
-        except FOLD_FAILURES as failure:
-            errors.append(None)
-            failures.append(failure)
-            warnings.warn(f"candidate {_label(candidate)} dropped: a fit to its held-out folds "
-                          f"failed ({failure})", CandidateDroppedWarning, stacklevel=2)
+    with tqdm(total=len(candidates) * HELD_OUT_FOLDS, disable=not config.progress,
+              desc="held-out folds", leave=False) as bar:
+        for done, candidate in enumerate(candidates, 1):
+            bar.set_postfix_str(_label(candidate))
+            try:
+                errors.append(held_out_error(data, _fold_fitter(candidate, config, seed,
+                                                                on_fit=bar.update), seed=seed))
+            except FOLD_FAILURES as failure:
+                errors.append(None)
+                failures.append(failure)
+                warnings.warn(f"candidate {_label(candidate)} dropped: a fit to its held-out "
+                              f"folds failed ({failure})", CandidateDroppedWarning, stacklevel=2)
+            bar.update(done * HELD_OUT_FOLDS - bar.n)  # fewer folds on few inputs, or failed
     if len(failures) == len(candidates):
         raise failures[0]
     kept = candidates[errors.index(min(error for error in errors if error is not None))]
@@ -384,17 +391,22 @@ def _label(spec: MultitaskSpec) -> str:
     return f"R = {spec.coregional_rank or DEFAULT_COREGIONAL_RANK}{noise}"
 
 
-def _fold_fitter(spec: MultitaskSpec, config: TrainConfig, seed: int
+def _fold_fitter(spec: MultitaskSpec, config: TrainConfig, seed: int,
+                 on_fit: Callable[[], object] | None = None
                  ) -> Callable[[TaskData], MultitaskGP]:
     """Fits of ``spec`` to the rows of a held-out fold: to :data:`HELD_OUT_TOL` in at most
     :data:`HELD_OUT_STEPS` (a fold's fit that stops there scores the candidate; it warns of
-    nothing)."""
-    fold_config = replace(config, tol=HELD_OUT_TOL, steps=min(config.steps, HELD_OUT_STEPS))
+    nothing, and shows no progress bar of its own), each followed by ``on_fit()``."""
+    fold_config = replace(config, tol=HELD_OUT_TOL, steps=min(config.steps, HELD_OUT_STEPS),
+                          progress=False)
 
     def fit_rows(rows: TaskData) -> MultitaskGP:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotConvergedWarning)
-            return _fitted(spec, rows, fold_config, seed)
+            model = _fitted(spec, rows, fold_config, seed)
+        if on_fit is not None:
+            on_fit()
+        return model
 
     return fit_rows
 

@@ -1,6 +1,7 @@
 """The held-out error of single-layer multitask GPs (inference/multitask_held_out.py) and the
 default cGP's choice among its candidates by it."""
 
+import re
 import warnings
 from dataclasses import replace
 
@@ -12,6 +13,7 @@ from pyrogp_models.inference.multitask_fit import (
     MultitaskSpec,
     _fitted,
     _fold_fitter,
+    _label,
     default_candidates,
     default_config,
     fit_multitask_dgp,
@@ -216,6 +218,20 @@ def test_the_order_of_the_rows_changes_nothing():
             assert torch.equal(before, after)
 
 
+def test_the_candidates_folds_show_one_progress_bar(capsys):
+    """With ``progress`` the folds of every candidate tick one bar, named by the candidate, to
+    its end; a fold's fit shows no bar of its own (the trainer's "fit" bar of its 20 steps)."""
+    spec = MultitaskSpec(model="cgp", num_inducing=6)
+    config = replace(default_config(spec), progress=True)
+    fit_multitask_dgp(heterotopic_data(), spec, config)
+    shown = capsys.readouterr().err
+    total = len(default_candidates(spec, 3)) * HELD_OUT_FOLDS
+    assert "held-out folds" in shown and f"{total}/{total}" in shown
+    for candidate in default_candidates(spec, 3):
+        assert _label(candidate) in shown
+    assert not re.search(r"fit:[^\r\n]*/20\b", shown)
+
+
 def copies_on_a_fold() -> list:
     """Three outputs at 20 inputs, the third the first less half the second interpolated to
     its inputs: their correlation over all 20 inputs is short of 1, but exactly 1 where a fold
@@ -261,7 +277,7 @@ def test_a_candidate_whose_held_out_fold_fails_is_dropped_with_a_warning():
 
 
 def test_when_every_candidate_fold_fails_the_first_failure_is_raised(monkeypatch):
-    def failing_fitter(spec, config, seed):
+    def failing_fitter(spec, config, seed, on_fit=None):
         def fit_rows(rows):
             raise CholeskyError(f"no factorisation for R = {spec.coregional_rank}, {spec.noise}")
         return fit_rows
