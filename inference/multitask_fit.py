@@ -108,8 +108,8 @@ HELD_OUT_TOL = 1e-3
 #: A step of L-BFGS is up to 20 iterations, and at 1e-3 most folds stop within 5: 5 steps
 #: against 20 (the real section rerun, 2026-11-30) kept the same candidate on 20 of 21
 #: stretches and on El Niño's second a better one (R = 2 for R = 12, 0.409 against 0.468 training
-#: sd), in 0.8 of the time on air quality's first stretch side by side, and 0.38–0.75 on
-#: grunfeld, danish, El Niño and macro in that run.
+#: sd); a default fit took 0.31 (grunfeld), 0.44 (macro), 0.53 (El Niño), 0.62 (danish) and
+#: 0.8 (air quality) of the time, timed side by side on one stretch of each.
 HELD_OUT_STEPS = 5
 #: What a held-out fold's fit can raise on the rows it keeps where the fit to all rows need not
 #: (a fifth of every task's rows fewer can leave two outputs exact linear copies where both are
