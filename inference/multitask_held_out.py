@@ -83,16 +83,15 @@ def held_out_predictions(data: TaskData, fit_rows: Callable[[TaskData], Multitas
 
 def gap_weights(data: TaskData) -> torch.Tensor:
     """w_t [T]: the distinct inputs where output t is not observed (its gaps: a wide table's
-    empty cells), or ones where no output has a gap."""
-    missing = (~SiteLayout.of(data.X, data.task, data.num_tasks).mask).sum(0).to(data.y.dtype)
-    return missing if bool(missing.any()) else torch.ones_like(missing)
+    empty cells)."""
+    return (~SiteLayout.of(data.X, data.task, data.num_tasks).mask).sum(0).to(data.y.dtype)
 
 
 def held_out_error(data: TaskData, fit_rows: Callable[[TaskData], MultitaskGP],
                    num_folds: int = HELD_OUT_FOLDS, seed: int = 0) -> float:
     """The error of the module docstring: every task's mean squared error of
     :func:`held_out_predictions`, averaged with the weights of :func:`gap_weights` (equal
-    weights if no task with a gap has hidden rows)."""
+    weights where no output with a gap has hidden rows, as in a table without gaps)."""
     squared = (held_out_predictions(data, fit_rows, num_folds, seed) - data.y).square()
     hidden = ~squared.isnan()
     per_task = torch.zeros(data.num_tasks, dtype=squared.dtype, device=squared.device)

@@ -123,7 +123,15 @@ def test_outputs_weigh_by_their_gaps_and_equally_without_any():
     assert gap_weights(thinned).tolist() == [0.0, 9.0, 4.0]
     full = data.task != 2
     isotopic = TaskData(data.X[full], data.task[full], data.y[full], 2)
-    assert gap_weights(isotopic).tolist() == [1.0, 1.0]
+    assert gap_weights(isotopic).tolist() == [0.0, 0.0]
+    spec = MultitaskSpec(num_inducing=14, noise="independent")
+
+    def fit_rows(rows):
+        return _fitted(spec, rows, default_config(spec), seed=0)
+
+    squared = (held_out_predictions(isotopic, fit_rows) - isotopic.y).square()
+    per_task = [float(squared[isotopic.task == task].mean()) for task in range(2)]
+    assert held_out_error(isotopic, fit_rows) == pytest.approx(sum(per_task) / 2, rel=1e-9)
 
 
 def test_a_held_out_prediction_never_sees_the_value_it_predicts():
