@@ -8,9 +8,9 @@ per task, k-means inducing inputs per task). Optimisers as in the paper: Adam (l
 the deep models; the shallow models by L-BFGS when their objective is deterministic (Gaussian,
 Bernoulli) and by Adam for the softmax (a Monte Carlo objective). Steps are cut to fit the whole run
 in about an hour: 5000 Adam steps on the toy (the spec's protocol), 1000 elsewhere (the paper: 10000
-to 20000), 100 L-BFGS iterations. Initial lengthscales follow one rule instead of the paper's
-per-dataset values (its App. B): √D on the D standardised inputs and √W on a W-wide latent space
-(distances between standardised points grow as √D); variances 1, private processes 0.5.
+to 20000), 100 L-BFGS iterations. Initial hyperparameters are the library's instead of the paper's
+per-dataset values (its App. B): every lengthscale √ the dimension its process sees (distances
+between standardised points grow as √D: ``pyrogp_models.models.multitask.kernel``).
 
 1. **Toy** (the paper's §2.1 and Fig. 1, the spec's protocol): 50 points per task at U[0, 1]
    inputs, noise sd 0.05, task 2 without points in the gap (0.4, 0.6), M = 20, one shared and one
@@ -175,12 +175,6 @@ def task_table(runs: dict, kinds, key: str, columns: list[str], paper: dict, dat
             + ["/".join(f"{v:.2f}" for v in paper[kind])] for kind in kinds]
     return "\n".join(markdown_table(["model", *columns, f"paper ({data}) tasks 1/2/3/all"],
                                      rows))
-
-
-def initial_lengthscales(input_dim: int, width: int) -> dict:
-    """The one initialisation rule: ℓ = √D on the inputs, √W on the latent space."""
-    data, latent = math.sqrt(input_dim), math.sqrt(width)
-    return {"shared_lengthscale": data, "private_lengthscale": data, "top_lengthscale": latent}
 
 
 def fit_model(pairs, kind: str, seed: int, s: Settings, steps: int, deterministic: bool = True,
@@ -682,8 +676,7 @@ def digits_job(kind: str, seed: int, s: Settings) -> dict:
                     batch_size=100, predictive_samples=CLASSIFIER_SAMPLES,
                     likelihood="categorical",
                     likelihood_options={"num_classes": 10}, num_inducing=s.digits_inducing,
-                    inner_width=s.digits_width,
-                    **initial_lengthscales(pairs[0][0].shape[1], s.digits_width))
+                    inner_width=s.digits_width)
     scores, correct = {}, []
     for task, X in enumerate(tests):
         prob = class_probabilities(fit.predictor, X, task)
@@ -814,8 +807,7 @@ def arm_job(kind: str, seed: int, s: Settings, num_train: int) -> dict:
     pairs, X_test, Y_test = arm_data(num_train, s.arm_test, seed)
     fit = fit_model(pairs, kind, seed, s, s.arm_steps,
                     batch_size=500 if num_train > 1000 else None,
-                    predictive_samples=ARM_SAMPLES, num_inducing=s.arm_inducing,
-                    **initial_lengthscales(9, 9))
+                    predictive_samples=ARM_SAMPLES, num_inducing=s.arm_inducing)
     scale = fit.standardisation.task_y_scale
     rmse, nlpd = [], []
     for task in range(3):
@@ -923,8 +915,7 @@ def faims_job(kind: str, seed: int, s: Settings) -> dict:
     else:
         fit = fit_model(pairs, kind, seed, s, s.faims_steps, likelihood="bernoulli",
                         predictive_samples=CLASSIFIER_SAMPLES,
-                        num_inducing=s.faims_inducing, inner_width=3,
-                        **initial_lengthscales(20, 3))
+                        num_inducing=s.faims_inducing, inner_width=3)
         scores = [fit.predictor.predict_y(T, task_rows(T, task))[0].numpy()
                   for task, T in enumerate(tests)]
     auc = {f"task {t + 1}": metrics.roc_auc(labels, score) for t, score in enumerate(scores)}

@@ -253,6 +253,30 @@ def test_a_classifier_stops_once_its_predictions_have_settled():
     assert default.elbo == pytest.approx(tight.elbo, abs=1e-3)
 
 
+def test_a_classifier_on_many_inputs_learns_instead_of_predicting_one_half():
+    """Every lengthscale starts at √D on D standardised inputs: at ℓ = 1, two points of 20
+    inputs lie about √40 lengthscales apart, where the Matérn kernel all but vanishes and no
+    gradient reaches ℓ, and a Bernoulli cGP shrinks its mixing to 0: the constant classifier,
+    ELBO N·log ½, in a few steps."""
+    generator = np.random.default_rng(0)
+    direction = generator.standard_normal(20) / math.sqrt(20)
+    tasks, held_out = [], []
+    for shift in (0.0, 0.5, -0.5):
+        X = generator.standard_normal((50, 20))
+        labels = (X @ direction + shift > 0).astype(float)
+        tasks.append((X[:40], labels[:40]))
+        held_out.append((torch.as_tensor(X[40:]), labels[40:]))
+    spec = MultitaskSpec(model="cgp", likelihood="bernoulli", coregional_rank=2)
+    fit = fit_multitask_dgp(tasks, spec)
+    assert (fit.model.options.top_lengthscale is None
+            and torch.allclose(build_model("cgp", fit.data, spec.options()).top.layer.kernel
+                               .lengthscale, torch.tensor(math.sqrt(20))))
+    assert fit.elbo > 120 * math.log(0.5) + 10
+    correct = [(fit.predictor.predict_y(X, torch.full((len(X),), task))[0].numpy() > 0.5)
+               == labels for task, (X, labels) in enumerate(held_out)]
+    assert np.concatenate(correct).mean() >= 0.8
+
+
 def test_an_igp_task_fitted_beside_others_ends_where_it_ends_alone():
     """iGP's tasks are independent problems on its collapsed bound: the batched L-BFGS gives
     each its own memory and step length and pins it at its optimum, so a task's predictions do

@@ -16,8 +16,9 @@ their best):
 - S = 1 sample in training; the inner q(u) starts at its prior (q_sqrt = I, whitened: KL = 0) and
   the inner kernels with a small variance, so that at the start the inner layer passes its
   inputs through almost unchanged and the model is its shallow counterpart;
-- Matérn-5/2 everywhere (:mod:`.kernel`); ARD in the top layer; private kernels start with another
-  variance than the shared ones (symmetry breaking, Sec. 2.2);
+- Matérn-5/2 everywhere (:mod:`.kernel`); ARD in the top layer; every lengthscale starts at √
+  the dimension the process sees (:func:`.kernel.initial_lengthscale`); private kernels start
+  with another variance than the shared ones (symmetry breaking, Sec. 2.2);
 - the per-task top GPs of the deep models have a learned linear mean on the latent space
   (``top_mean="linear"``, starting at 0): the linear coregionalisation of the shared processes
   (eq. 11) sits inside the non-linear model; ``"zero"`` is the paper's;
@@ -80,7 +81,8 @@ class MultitaskOptions:
         inner_ard: ARD lengthscales in the inner layer.
         top_mean: ``"linear"`` (a learned m^t(λ) = λ b^t) or ``"zero"`` for the per-task top
             GPs (None: linear for sMDGP, mMDGP and iDGP, zero for iGP).
-        shared_*, private_*, top_*: initial Matérn-5/2 lengthscale and variance.
+        shared_*, private_*, top_*: initial Matérn-5/2 lengthscale and variance (lengthscale
+            None: √ of the dimension the process sees, :func:`.kernel.initial_lengthscale`).
         learn_inducing: optimise the inducing inputs (None: unless a single-layer model's
             inducing inputs are every input it sees, where it is the exact GP:
             :meth:`.MultitaskGP.exact_at`); ``jitter``: relative jitter on K_zz.
@@ -106,11 +108,11 @@ class MultitaskOptions:
     inner_mean: str = "linear"
     inner_ard: bool = False
     top_mean: str | None = None
-    shared_lengthscale: float = 1.0
+    shared_lengthscale: float | None = None
     shared_variance: float = 0.01
-    private_lengthscale: float = 1.0
+    private_lengthscale: float | None = None
     private_variance: float = 0.005
-    top_lengthscale: float = 1.0
+    top_lengthscale: float | None = None
     top_variance: float = 1.0
     learn_inducing: bool | None = None
     jitter: float = DEFAULT_JITTER

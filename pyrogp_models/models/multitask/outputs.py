@@ -39,12 +39,13 @@ class TaskGPs(PyroModule):
     Args:
         inducing: initial Z [T, M, D^λ] (in λ-space).
         num_latent: L.
-        lengthscale, variance: initial ARD hyperparameters.
+        lengthscale, variance: initial ARD hyperparameters (lengthscale None:
+            :func:`.kernel.initial_lengthscale`).
         jitter, learn_inducing: as for :class:`SparseGPLayer`.
         linear_mean: a learned linear mean m^t(λ) = λ b^t, b^t [D^λ, L] starting at 0 (else 0).
     """
 
-    def __init__(self, inducing: torch.Tensor, num_latent: int, *, lengthscale: float,
+    def __init__(self, inducing: torch.Tensor, num_latent: int, *, lengthscale: float | None,
                  variance: float, jitter: float, learn_inducing: bool,
                  linear_mean: bool = False):
         super().__init__()
@@ -134,7 +135,7 @@ class CoregionalisedGP(PyroModule):
     """
 
     def __init__(self, inducing: torch.Tensor, num_latent: int, mixing: torch.Tensor, *,
-                 icm: bool, lengthscale: float, variance: float, jitter: float,
+                 icm: bool, lengthscale: float | None, variance: float, jitter: float,
                  learn_inducing: bool, joint: bool = False):
         super().__init__()
         if joint and num_latent != 1:

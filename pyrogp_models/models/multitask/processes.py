@@ -43,12 +43,13 @@ class ProcessBlock(PyroModule):
     Args:
         inducing: initial Z [K, M, D] (shared) or [T, K, M, D] (per task).
         width: W, the outputs of every process.
-        lengthscale, variance, ard: initial Matérn-5/2 hyperparameters.
+        lengthscale, variance, ard: initial Matérn-5/2 hyperparameters (lengthscale None:
+            :func:`.kernel.initial_lengthscale`).
         mean_weights: the fixed linear mean [D, W] (None: zero mean).
         q_scale, jitter, learn_inducing: as for :class:`SparseGPLayer`.
     """
 
-    def __init__(self, inducing: torch.Tensor, width: int, *, lengthscale: float,
+    def __init__(self, inducing: torch.Tensor, width: int, *, lengthscale: float | None,
                  variance: float, ard: bool, mean_weights: torch.Tensor | None,
                  q_scale: float, jitter: float, learn_inducing: bool):
         super().__init__()
