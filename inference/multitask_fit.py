@@ -34,8 +34,10 @@ the one that predicts hidden stretches of the outputs best, refitted without the
 weighted by its gaps (:func:`~pyrogp_models.inference.multitask_held_out.held_out_error`;
 where no model has a closed-form q(u) optimum, it fits every rank and keeps the higher ELBO).
 The fit records every phase (model, steps, seconds, converged, ELBO, held-out error where
-computed) and the final ELBO. The predictor works in data units and takes the task of every
-point as ``labels``.
+computed), the final ELBO and what a constant per task scores
+(:func:`constant_log_likelihood`); a fit whose ELBO is no higher warns
+(:class:`~pyrogp_models.errors.ConstantFitWarning`). The predictor works in data units and
+takes the task of every point as ``labels``.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from tqdm import tqdm
 from pyrogp_models.errors import (
     CandidateDroppedWarning,
     CholeskyError,
+    ConstantFitWarning,
     DataError,
     NotConvergedWarning,
 )
@@ -166,8 +169,9 @@ class MultitaskFit(Fit):
     spec, the training data in model units (in canonical order), the final ELBO
     (:func:`estimate_elbo`), the phases of the fit, which state was kept (``spec.model``, or the
     contained shallow model's kind when the deep fit ended below it and the model holds that
-    embedding) and the wall seconds of the whole fit (training, ELBO estimates, the candidates'
-    held-out errors)."""
+    embedding), the wall seconds of the whole fit (training, ELBO estimates, the candidates'
+    held-out errors) and the log likelihood of the best constant per task
+    (:func:`constant_log_likelihood`), which the ELBO of a fit that learnt anything exceeds."""
 
     spec: MultitaskSpec
     data: TaskData
@@ -175,6 +179,7 @@ class MultitaskFit(Fit):
     phases: list[Phase] = field(default_factory=list)
     kept: str = ""
     seconds: float = math.nan
+    constant_log_likelihood: float = math.nan
 
     @property
     def training_seconds(self) -> float:
@@ -192,9 +197,10 @@ class MultitaskFit(Fit):
         return all(phase.converged for phase in self.phases)
 
     def summary(self) -> dict:
-        """The final ELBO, kept state, total steps, seconds (in all and of training) and every
-        phase (JSON-able)."""
-        return {"elbo": self.elbo, "kept": self.kept, "steps": self.steps,
+        """The final ELBO, the constant per task's log likelihood, kept state, total steps,
+        seconds (in all and of training) and every phase (JSON-able)."""
+        return {"elbo": self.elbo, "constant_log_likelihood": self.constant_log_likelihood,
+                "kept": self.kept, "steps": self.steps,
                 "seconds": self.seconds, "training_seconds": self.training_seconds,
                 "converged": self.converged,
                 "phases": [asdict(phase) for phase in self.phases]}
@@ -286,7 +292,28 @@ def fit_multitask_dgp(data, spec: MultitaskSpec | None = None,
     ``data`` is a list of per-task pairs [(X^t [N^t, D], y^t [N^t])], a long-format triple
     (X [N, D], task [N], y [N]) or a :class:`TaskData`. ``config`` replaces the default training
     of ``spec.model`` (:func:`default_config`); the contained shallow model of a warm start always
-    trains by its own default. See the module docstring."""
+    trains by its own default. Warns (:class:`~pyrogp_models.errors.ConstantFitWarning`) where
+    the final ELBO is no higher than a constant per task scores. See the module docstring."""
+    fit = _fit(data, spec, config)
+    constant = constant_log_likelihood(fit.model, fit.data)
+    if fit.elbo <= constant:
+        warnings.warn(ConstantFitWarning(
+            f"the fit's ELBO {fit.elbo:.6g} is no higher than the log likelihood of a constant "
+            f"per task ({constant:.6g}): it has learnt nothing from the inputs",
+            fit.elbo, constant), stacklevel=2)
+    return replace(fit, constant_log_likelihood=constant)
+
+
+def constant_log_likelihood(model: MultitaskGP, data: TaskData) -> float:
+    """Σ_t max_θ Σ_{n: t_n = t} log p(y_n | θ): the log likelihood of the best constant per task
+    (:meth:`~pyrogp_models.likelihoods.base.Likelihood.constant_log_likelihood` of ``model``'s
+    likelihood; ``data`` in model units), what a fit that ignores its inputs scores."""
+    return float(sum(model.likelihood.constant_log_likelihood(data.y[data.task == task])
+                     for task in data.task.unique()))
+
+
+def _fit(data, spec: MultitaskSpec | None, config: TrainConfig | None) -> MultitaskFit:
+    """:func:`fit_multitask_dgp` without the constant per task."""
     started = time.perf_counter()
     spec = spec or MultitaskSpec()
     config = config or default_config(spec)
@@ -357,7 +384,7 @@ def _best_candidate(tasks: TaskData, data: TaskData, candidates: list[MultitaskS
     (a likelihood other than Gaussian, or minibatches), every candidate is fitted and the
     higher ELBO kept, with every fit's phases."""
     if not collapsible(candidates[0]):
-        fits = [fit_multitask_dgp(tasks, candidate, config) for candidate in candidates]
+        fits = [_fit(tasks, candidate, config) for candidate in candidates]
         best = max(fits, key=lambda fit: fit.elbo)
         return replace(best, phases=[replace(phase, model=f"{phase.model} ({_label(fit.spec)})")
                                      for fit in fits for phase in fit.phases])
@@ -378,7 +405,7 @@ def _best_candidate(tasks: TaskData, data: TaskData, candidates: list[MultitaskS
     if len(failures) == len(candidates):
         raise failures[0]
     kept = candidates[errors.index(min(error for error in errors if error is not None))]
-    best = fit_multitask_dgp(tasks, kept, config)
+    best = _fit(tasks, kept, config)
     phases = []
     for candidate, error in zip(candidates, errors, strict=True):
         label = f"{candidate.model} ({_label(candidate)})"

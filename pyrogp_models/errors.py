@@ -76,6 +76,16 @@ class NotConvergedWarning(UserWarning):
         self.steps, self.change, self.tolerance, self.members = steps, change, tolerance, members
 
 
+class ConstantFitWarning(UserWarning):
+    """A fit whose ELBO is no higher than the log likelihood of the best constant per task
+    (:meth:`~pyrogp_models.likelihoods.base.Likelihood.constant_log_likelihood`): it has learnt
+    nothing from its inputs. ``elbo`` and ``constant`` are the two figures."""
+
+    def __init__(self, message: str, elbo: float, constant: float):
+        super().__init__(message)
+        self.elbo, self.constant = elbo, constant
+
+
 class CandidateDroppedWarning(UserWarning):
     """A candidate of a compared fit (a default cGP's rank and noise) was left out: its fit to
     a held-out fold failed."""

@@ -217,3 +217,57 @@ def test_robustmax_gradients_are_finite_and_match_finite_differences():
     assert torch.allclose(prob_max[1], torch.tensor([1.0, 0.0, 0.0]), rtol=0, atol=1e-12)
     lik.expected_log_prob(torch.tensor([0.0, 1.0, 2.0]), mean, var).sum().backward()
     assert torch.isfinite(mean.grad).all() and torch.isfinite(var.grad).all()
+
+
+def _constant_cases():
+    """(name, targets, [the maximum-likelihood constant, constants around it]), each constant a
+    (likelihood, f) with f one row's latent value(s) (a scalar, or one per latent function),
+    repeated for every row."""
+    generator = torch.Generator().manual_seed(0)
+    y = torch.randn(40, generator=generator, dtype=torch.float64) * 1.7 + 0.3
+    mean, spread = y.mean(), (y - y.mean()).square().mean()
+    shifts = (-0.05, 0.05)
+    gaussian = [(Gaussian(variance=float(spread * (1 + s)), dtype=torch.float64),
+                 mean + m) for s in (0.0, *shifts) for m in (0.0, *shifts)]
+    hetero = HeteroscedasticGaussian(dtype=torch.float64)
+    heteroscedastic = [(hetero, torch.stack([mean + m, spread.log() + s]))
+                       for s in (0.0, *shifts) for m in (0.0, *shifts)]
+    labels = (torch.rand(40, generator=generator, dtype=torch.float64) < 0.3).double()
+    rate = labels.mean()
+    bernoulli = [[(Bernoulli(link=link, dtype=torch.float64), f + s)
+                  for s in (0.0, *shifts)]
+                 for link, f in (("logit", torch.logit(rate)),
+                                 ("probit", torch.special.ndtri(rate)))]
+    counts = torch.poisson(torch.full((40,), 3.2, dtype=torch.float64), generator=generator)
+    poisson = [(Poisson(dtype=torch.float64), counts.mean().log() + s)
+               for s in (0.0, *shifts)]
+    classes = torch.multinomial(torch.tensor([0.5, 0.3, 0.2]), 40, replacement=True,
+                                generator=generator).double()
+    frequencies = torch.bincount(classes.long(), minlength=3).double() / 40
+    softmax = Categorical(num_classes=3, dtype=torch.float64)
+    nudges = [torch.zeros(3)] + [s * torch.eye(3, dtype=torch.float64)[c]
+                                 for c in range(3) for s in shifts]
+    robustmax = Categorical(num_classes=3, link="robustmax", dtype=torch.float64)
+    favourite = int(frequencies.argmax())
+    winners = [favourite] + [c for c in range(3) if c != favourite]
+    return [("gaussian", y, gaussian), ("heteroscedastic", y, heteroscedastic),
+            ("bernoulli logit", labels, bernoulli[0]), ("bernoulli probit", labels, bernoulli[1]),
+            ("poisson", counts, poisson),
+            ("softmax", classes, [(softmax, frequencies.log() + nudge) for nudge in nudges]),
+            ("robustmax", classes, [(robustmax, torch.eye(3, dtype=torch.float64)[c])
+                                    for c in winners])]
+
+
+@pytest.mark.parametrize("name, y, constants", _constant_cases(),
+                         ids=[case[0] for case in _constant_cases()])
+def test_the_constant_log_likelihood_is_the_best_constant_of_the_likelihoods_own_density(
+        name, y, constants):
+    """Likelihood.constant_log_likelihood equals Σ log p(y_n | f) of the likelihood's own
+    distribution at the maximum-likelihood constant f, and every constant around it (or, for
+    robust-max, every other winning class) scores less."""
+    scores = [float(likelihood.distribution(f.expand(len(y), *f.shape)).log_prob(y).sum())
+              for likelihood, f in constants]
+    best_likelihood = constants[0][0]
+    assert float(best_likelihood.constant_log_likelihood(y)) == pytest.approx(scores[0],
+                                                                              rel=1e-12)
+    assert max(scores[1:]) < scores[0]

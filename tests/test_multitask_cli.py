@@ -109,6 +109,9 @@ def test_fit_info_predict_evaluate_beat_a_constant_per_task(capsys, folder, fitt
     assert summary["elbo"] >= phases[0]["elbo"] - 1e-3          # never below the iGP it holds
     assert summary["steps"] == sum(phase["steps"] for phase in phases)
     assert f"fit: final ELBO {summary['elbo']:.6g}" in info
+    above = summary["elbo"] - summary["constant_log_likelihood"]
+    assert above > 0 and (f"({above:.6g} above a constant per task's log likelihood, "
+                          f"{summary['constant_log_likelihood']:.6g})") in info
 
     run_ok(capsys, "predict", fitted, "--data", held_out_csv, "--out", folder / "pred.csv")
     predictions = load_table(folder / "pred.csv")
@@ -280,6 +283,25 @@ def test_the_default_cgp_predicts_a_hidden_output_from_the_noise_it_shares_with_
         .site_noise.correlation()
     assert float(correlation[1, 0]) < -0.8
     assert rmse["correlated"] < 0.5 * rmse["independent"], rmse
+
+
+def test_a_fit_no_better_than_a_constant_per_task_warns_in_one_line(capsys, folder):
+    """Labels all 1 in one task and all 0 in the other: a constant per task scores log 1 = 0,
+    which no ELBO (an expected log likelihood below 0 less a KL) reaches; the fit is written and
+    the command says so in one line."""
+    data = two_tasks(60, seed=0)
+    table = write_csv(folder / "constant_labels.csv", {**data, "y": 1.0 - data["task"]})
+    out = folder / "constant_labels.safetensors"
+    capsys.readouterr()
+    assert main(["--threads", "1", "fit-multitask", str(table), "--task-column", "task",
+                 "--target", "y", "--features", "x", "--model", "igp", "--likelihood",
+                 "bernoulli", *FIT, "--out", str(out)]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines()
+               if "constant per task" in line]
+    assert len(warning) == 1 and re.fullmatch(
+        r"pyrogp: warning: the fit's ELBO -\S+ is no higher than the log likelihood of a "
+        r"constant per task \(0\): it has learnt nothing from the inputs", warning[0]), warning
+    assert json.loads(run_ok(capsys, "info", out, "--json"))["constant_log_likelihood"] == 0
 
 
 def test_wide_form_classification_beats_the_majority_class(capsys, folder):

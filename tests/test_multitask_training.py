@@ -2,6 +2,7 @@
 ending below it; Pyro's Trace_ELBO agrees with TraceMeanField_ELBO (float64, the paper's toy)."""
 
 import math
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -19,6 +20,7 @@ from pyrogp_models.inference.multitask_fit import (
 from pyrogp_models.inference.trainer import TrainConfig, train
 
 from multitask_helpers import randomise, toy_data, toy_model
+from pyrogp_models.errors import ConstantFitWarning
 from pyrogp_models.models.multitask import MODELS, build_model, toy_tasks
 from pyrogp_models.models.multitask.options import MAX_DEFAULT_TASK_INDUCING, MultitaskOptions
 from pyrogp_models.models.multitask.warm_start import (
@@ -253,11 +255,9 @@ def test_a_classifier_stops_once_its_predictions_have_settled():
     assert default.elbo == pytest.approx(tight.elbo, abs=1e-3)
 
 
-def test_a_classifier_on_many_inputs_learns_instead_of_predicting_one_half():
-    """Every lengthscale starts at √D on D standardised inputs: at ℓ = 1, two points of 20
-    inputs lie about √40 lengthscales apart, where the Matérn kernel all but vanishes and no
-    gradient reaches ℓ, and a Bernoulli cGP shrinks its mixing to 0: the constant classifier,
-    ELBO N·log ½, in a few steps."""
+def _classification_on_twenty_inputs():
+    """3 tasks of 40 training and 10 held-out rows on 20 standard normal inputs, each labelled
+    by the side of one hyperplane (shifted per task) it lies on."""
     generator = np.random.default_rng(0)
     direction = generator.standard_normal(20) / math.sqrt(20)
     tasks, held_out = [], []
@@ -266,15 +266,47 @@ def test_a_classifier_on_many_inputs_learns_instead_of_predicting_one_half():
         labels = (X @ direction + shift > 0).astype(float)
         tasks.append((X[:40], labels[:40]))
         held_out.append((torch.as_tensor(X[40:]), labels[40:]))
+    return tasks, held_out
+
+
+def test_a_classifier_on_many_inputs_learns_instead_of_predicting_one_half():
+    """Every lengthscale starts at √D on D standardised inputs: at ℓ = 1, two points of 20
+    inputs lie about √40 lengthscales apart, where the Matérn kernel all but vanishes and no
+    gradient reaches ℓ, and a Bernoulli cGP shrinks its mixing to 0: the constant classifier,
+    ELBO N·log ½, in a few steps (next test)."""
+    tasks, held_out = _classification_on_twenty_inputs()
     spec = MultitaskSpec(model="cgp", likelihood="bernoulli", coregional_rank=2)
-    fit = fit_multitask_dgp(tasks, spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConstantFitWarning)
+        fit = fit_multitask_dgp(tasks, spec)
     assert (fit.model.options.top_lengthscale is None
             and torch.allclose(build_model("cgp", fit.data, spec.options()).top.layer.kernel
                                .lengthscale, torch.tensor(math.sqrt(20))))
     assert fit.elbo > 120 * math.log(0.5) + 10
+    assert fit.elbo > fit.constant_log_likelihood + 10
     correct = [(fit.predictor.predict_y(X, torch.full((len(X),), task))[0].numpy() > 0.5)
                == labels for task, (X, labels) in enumerate(held_out)]
     assert np.concatenate(correct).mean() >= 0.8
+
+
+def test_a_fit_that_learns_nothing_from_its_inputs_says_so():
+    """Started at ℓ = 1 on 20 inputs, the same cGP ends as the constant classifier: its ELBO
+    is N·log ½, below the log likelihood of each task's own label frequency, which
+    ``constant_log_likelihood`` computes independently of the fit, and the fit warns."""
+    tasks, _ = _classification_on_twenty_inputs()
+    labels = [torch.as_tensor(y) for _, y in tasks]
+    frequencies = [float(y.mean()) for y in labels]
+    by_hand = sum(float(y.sum()) * math.log(p) + float((1 - y).sum()) * math.log(1 - p)
+                  for y, p in zip(labels, frequencies, strict=True))
+    spec = MultitaskSpec(model="cgp", likelihood="bernoulli", coregional_rank=2,
+                         top_lengthscale=1.0)
+    with pytest.warns(ConstantFitWarning, match="learnt nothing from the inputs") as caught:
+        fit = fit_multitask_dgp(tasks, spec)
+    assert fit.constant_log_likelihood == pytest.approx(by_hand, rel=1e-12)
+    assert fit.elbo == pytest.approx(120 * math.log(0.5), abs=1e-3)
+    assert [warning.message.elbo for warning in caught
+            if warning.category is ConstantFitWarning] == [fit.elbo]
+    assert fit.summary()["constant_log_likelihood"] == fit.constant_log_likelihood
 
 
 def test_an_igp_task_fitted_beside_others_ends_where_it_ends_alone():

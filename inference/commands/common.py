@@ -22,6 +22,7 @@ from pyrogp_models.data import Table, require_finite
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.errors import (
     CandidateDroppedWarning,
+    ConstantFitWarning,
     DataError,
     ModuleFileError,
     NotConvergedWarning,
@@ -208,20 +209,24 @@ def likelihood_options(args: argparse.Namespace, y: np.ndarray) -> dict:
 
 
 # Warnings -------------------------------------------------------------------------------------
+#: Warnings printed as they are, one line each.
+ONE_LINE_WARNINGS = (CandidateDroppedWarning, ConstantFitWarning)
+
+
 @contextlib.contextmanager
 def one_line_warnings(advice: str) -> Iterator[None]:
     """Print a fit's :class:`NotConvergedWarning` as one ``pyrogp: warning:`` line ending in
     ``advice`` (e.g. the flag that allows more steps), and a :class:`CandidateDroppedWarning`
-    as one such line; other warnings pass through."""
+    or :class:`ConstantFitWarning` as one such line; other warnings pass through."""
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", NotConvergedWarning)
-        warnings.simplefilter("always", CandidateDroppedWarning)
+        for category in (NotConvergedWarning, *ONE_LINE_WARNINGS):
+            warnings.simplefilter("always", category)
         yield
     for warning in caught:
         if issubclass(warning.category, NotConvergedWarning):
             message = str(warning.message).removesuffix("; allow more steps")
             print(f"pyrogp: warning: {message}; {advice}", file=sys.stderr)
-        elif issubclass(warning.category, CandidateDroppedWarning):
+        elif issubclass(warning.category, ONE_LINE_WARNINGS):
             print(f"pyrogp: warning: {warning.message}", file=sys.stderr)
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename,

@@ -8,7 +8,8 @@ Every likelihood provides, for q(f) = N(m, v):
 - ``expected_log_prob(y, m, v)`` = E_q[log p(y|f)], the SVGP data term (Hensman et al. 2015);
 - ``log_predictive(y, m, v)`` = log ∫ p(y|f) q(f) df, used for NLPD;
 - ``predictive_moments(m, v)``: mean and variance of y (class probabilities for classifiers);
-- ``distribution(f)``: p(y|f) for sampled f (posterior-predictive draws, pointwise log-lik).
+- ``distribution(f)``: p(y|f) for sampled f (posterior-predictive draws, pointwise log-lik);
+- ``constant_log_likelihood(y)``: the log likelihood of the best fit that ignores the inputs.
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ class Likelihood(PyroModule):
         """p(y | f) for sampled latent values f [..., N] (or [..., N, L]) as a Pyro
         distribution with batch shape [..., N]: posterior-predictive draws and pointwise
         log-likelihoods."""
+        raise NotImplementedError
+
+    def constant_log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
+        """max_θ Σ_n log p(y_n | θ) over the family's distributions with one θ for all of
+        ``y`` [N] (maximum likelihood, in closed form): what a model that has learnt nothing from
+        its inputs scores, so the least a fit's ELBO should exceed."""
         raise NotImplementedError
 
 

@@ -52,6 +52,13 @@ class Bernoulli(Likelihood):
         return quadrature.log_expectation(lambda f: self.log_prob_signed(sign.unsqueeze(-1) * f),
                                           mean, var)
 
+    def constant_log_likelihood(self, y):
+        """k log p̂ + (N − k) log(1 − p̂) with k ones among N labels, p̂ = k/N."""
+        ones = y.sum()
+        rest = y.numel() - ones
+        return (torch.special.xlogy(ones, ones / y.numel())
+                + torch.special.xlogy(rest, rest / y.numel()))
+
     def predictive_moments(self, mean, var):
         """p(y=1) and its Bernoulli variance p(1−p)."""
         log_p = self.log_predictive(torch.ones_like(mean), mean, var)

@@ -162,6 +162,19 @@ class Categorical(Likelihood):
             probs = self._robustmax_probs(self._prob_is_max(mean, var))
         return probs, probs * (1.0 - probs)
 
+    def constant_log_likelihood(self, y):
+        """Softmax: Σ_c n_c log(n_c / N) with n_c labels of class c among N. Robust-max, whose
+        distributions put 1 − ε on one class and ε/(C − 1) on each other: the most frequent
+        class, n_max log(1 − ε) + (N − n_max) log(ε/(C − 1))."""
+        counts = torch.bincount(y.long(), minlength=self.num_classes).to(y.dtype)
+        if self.link == "softmax":
+            return torch.special.xlogy(counts, counts / y.numel()).sum()
+        most = counts.max()
+        return (torch.special.xlogy(most, torch.as_tensor(1.0 - self.epsilon, dtype=y.dtype))
+                + torch.special.xlogy(y.numel() - most,
+                                      torch.as_tensor(self.epsilon / (self.num_classes - 1),
+                                                      dtype=y.dtype)))
+
     def distribution(self, f):
         if self.link == "softmax":
             return dist.Categorical(logits=f)

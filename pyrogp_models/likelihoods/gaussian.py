@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from pyro import distributions as dist
 from pyro.distributions import constraints
 
@@ -36,3 +37,13 @@ class Gaussian(Likelihood):
 
     def distribution(self, f):
         return dist.Normal(f, self._param("variance").sqrt())
+
+    def constant_log_likelihood(self, y):
+        return gaussian_constant_log_likelihood(y)
+
+
+def gaussian_constant_log_likelihood(y: torch.Tensor) -> torch.Tensor:
+    """max over μ, σ² of Σ_n log N(y_n | μ, σ²) = −N/2 (log 2πσ̂² + 1), σ̂² the mean squared
+    deviation from the mean (floored at the dtype's smallest normal number: constant targets)."""
+    spread = (y - y.mean()).square().mean().clamp_min(torch.finfo(y.dtype).tiny)
+    return -0.5 * y.numel() * (_LOG_2PI + spread.log() + 1.0)

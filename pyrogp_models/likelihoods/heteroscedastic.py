@@ -12,6 +12,7 @@ from pyro import distributions as dist
 
 from pyrogp_models.likelihoods import quadrature
 from pyrogp_models.likelihoods.base import Likelihood
+from pyrogp_models.likelihoods.gaussian import gaussian_constant_log_likelihood
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -55,3 +56,7 @@ class HeteroscedasticGaussian(Likelihood):
 
     def distribution(self, f):
         return dist.Normal(f[..., 0], torch.exp(0.5 * f[..., 1]))
+
+    def constant_log_likelihood(self, y):
+        """The Gaussian's: constant f and g."""
+        return gaussian_constant_log_likelihood(y)

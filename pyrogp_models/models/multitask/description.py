@@ -4,7 +4,8 @@ Both give the kind, tasks, inputs, likelihood, M, the top layer's ARD weights ω
 et al. eq. 10) and the fit as the file records it: the final ELBO (estimated precisely, see
 :func:`pyrogp_models.inference.multitask_fit.estimate_elbo`), which state was kept (a deep model
 that ended below the shallow model it contains keeps that embedding), the steps, seconds and
-convergence of every phase.
+convergence of every phase, and the log likelihood of the best constant per task, which the
+ELBO of a fit that learnt anything from its inputs exceeds.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pyrogp_models.models.multitask.prediction import MultitaskPredictor
 from pyrogp_models.text import format_number, format_table
 
 #: The fit record's keys that a summary repeats.
-FIT_KEYS = ("elbo", "kept", "steps", "seconds", "training_seconds", "converged", "phases")
+FIT_KEYS = ("elbo", "constant_log_likelihood", "kept", "steps", "seconds", "training_seconds",
+            "converged", "phases")
 
 
 def multitask_summary(predictor: MultitaskPredictor) -> dict:
@@ -88,8 +90,12 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
         seconds = (f", {info['training_seconds']:.1f} s of training, {info['seconds']:.1f} s "
                    "in all" if "training_seconds" in info  # files before it: training only
                    else f", {info['seconds']:.1f} s" if "seconds" in info else "")
-        lines.append(f"fit: final ELBO {info['elbo']:.6g}{kept_text}, {info.get('steps')} "
-                     f"steps{seconds}, {status}")
+        constant = info.get("constant_log_likelihood")  # files before it: not recorded
+        above = ("" if constant is None else
+                 f" ({info['elbo'] - constant:.6g} above a constant per task's log likelihood, "
+                 f"{constant:.6g})")
+        lines.append(f"fit: final ELBO {info['elbo']:.6g}{above}{kept_text}, "
+                     f"{info.get('steps')} steps{seconds}, {status}")
         lines += [f"  phase {phase['model']}: {_phase_text(phase)}"
                   for phase in info.get("phases", [])]
     if "targets" in info:
