@@ -339,3 +339,18 @@ def test_only_an_igp_on_its_collapsed_bound_splits_into_task_members():
             if independent:
                 (_, objective), = members
                 assert torch.allclose(-objective().sum(), model.collapsed_bound())
+
+
+def test_single_layer_models_take_natural_gradient_steps_only_on_a_deterministic_expectation():
+    """A softmax's expectation is a Monte Carlo estimate, so a safeguarded (non-conjugate) step
+    would be judged by two estimates with different draws: Adam takes q(u) with the rest.
+    With minibatches and a deterministic expectation the unit steps stay."""
+    softmax = MultitaskSpec(model="igp", likelihood="categorical",
+                            likelihood_options={"num_classes": 3})
+    robustmax = replace(softmax, likelihood_options={"num_classes": 3, "link": "robustmax"},
+                        batch_size=10)
+    assert default_config(softmax).natural_gradient_lr is None
+    assert default_config(replace(softmax, model="cgp")).natural_gradient_lr is None
+    assert default_config(robustmax).natural_gradient_lr == 1.0
+    assert default_config(MultitaskSpec(model="cgp", batch_size=10)).natural_gradient_lr == 1.0
+    assert default_config(replace(softmax, model="smdgp")).natural_gradient_lr is None
