@@ -93,6 +93,33 @@ def test_a_deep_model_embedding_its_shallow_model_has_the_shallow_elbo(kind):
     assert torch.allclose(deep_mean[0], shallow_mean[0], atol=0.05)
 
 
+def test_a_deep_model_that_cannot_embed_its_shallow_model_keeps_that_model_itself():
+    """Four inputs through shared processes of width 2: W_λ mixes inputs, so the embedding is
+    not iGP (its ELBO is lower). A deep fit stopped after one step ends below iGP's own ELBO, and
+    the fit returns iGP itself: it predicts exactly as iGP fitted alone."""
+    generator = np.random.default_rng(3)
+    tasks = []
+    for scale in (1.0, -0.5):
+        X = generator.uniform(-1, 1, (30, 4))
+        tasks.append((X, scale * np.sin(2 * X[:, 0] + X[:, 1]) + 0.1 * X[:, 2]
+                      + 0.05 * generator.standard_normal(30)))
+    spec = MultitaskSpec(model="smdgp", shared_width=2, num_inducing=8)
+    data = fit_multitask_dgp(tasks, replace(spec, model="igp")).data
+    deep, shallow = build_model("smdgp", data, spec.options()), build_model("igp", data,
+                                                                             spec.options())
+    assert not embed_shallow(deep, shallow, SWITCHED_OFF)
+    fit = fit_multitask_dgp(tasks, spec, TrainConfig(lr=0.01, steps=1, tol=None, seed=0))
+    alone = fit_multitask_dgp(tasks, replace(spec, model="igp"),
+                              replace(default_config(replace(spec, model="igp")), seed=0))
+    assert [phase.model for phase in fit.phases] == ["igp", "smdgp"]
+    assert fit.phases[1].elbo < fit.phases[0].elbo
+    assert fit.kept == "igp" and fit.model.kind == "igp" and fit.elbo == fit.phases[0].elbo
+    X, labels = torch.as_tensor(tasks[1][0][:6]), torch.ones(6, dtype=torch.long)
+    for kept, fitted_alone in zip(fit.predictor.predict_y(X, labels),
+                                  alone.predictor.predict_y(X, labels), strict=True):
+        assert torch.equal(kept, fitted_alone)
+
+
 @pytest.mark.parametrize("source", [0, 1])
 def test_a_transfer_start_puts_the_source_tasks_gp_in_the_shared_column(source):
     """The free shared column's q marginals are iGP's of the source task; the private columns
