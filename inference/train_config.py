@@ -78,7 +78,8 @@ SPACING_MULTIPLE = 10.0
 #: 13 inputs 900, its meta-GP 1020; a multitask iGP on gilgai's 4 × 365 rows 120).
 COLLAPSED_CONFIG = TrainConfig(optimizer="lbfgs", lr=1.0, steps=3000, window=10, tol=1e-6)
 #: The uncollapsed bound otherwise (minibatches, a Gaussian likelihood asked for uncollapsed, the
-#: categorical): a unit natural-gradient step on every q(u)
+#: categorical; a softmax's Monte Carlo expectation without the steps): a unit natural-gradient
+#: step on every q(u)
 #: (exact for Gaussian terms, safeguarded otherwise) before each Adam step on the other
 #: parameters.
 UNCOLLAPSED_CONFIG = TrainConfig(optimizer="adam", lr=0.05, steps=1000, window=50, tol=1e-6,
