@@ -170,10 +170,9 @@ class Categorical(Likelihood):
         if self.link == "softmax":
             return torch.special.xlogy(counts, counts / y.numel()).sum()
         most = counts.max()
-        return (torch.special.xlogy(most, torch.as_tensor(1.0 - self.epsilon, dtype=y.dtype))
+        return (torch.special.xlogy(most, y.new_tensor(1.0 - self.epsilon))
                 + torch.special.xlogy(y.numel() - most,
-                                      torch.as_tensor(self.epsilon / (self.num_classes - 1),
-                                                      dtype=y.dtype)))
+                                      y.new_tensor(self.epsilon / (self.num_classes - 1))))
 
     def distribution(self, f):
         if self.link == "softmax":
