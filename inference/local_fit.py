@@ -35,7 +35,7 @@ from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.identifiability import require_identifiable
 from pyrogp_models.data.partitioners import Partition
 from pyrogp_models.kernels import describable, resolve_kernel
-from pyrogp_models.likelihoods import LIKELIHOODS
+from pyrogp_models.likelihoods import LIKELIHOODS, monte_carlo_expectation
 from pyrogp_models.models.experts.predictor import ExpertCombination
 from pyrogp_models.models.local.local_gps import LocalGPs, initial_inducing
 from pyrogp_models.modules.predictor import Predictor
@@ -219,7 +219,7 @@ def default_config(spec: LocalFitSpec) -> TrainConfig:
         return COLLAPSED_CONFIG
     if exact_uncollapsed_bound(spec):
         return UNCOLLAPSED_EXACT_CONFIG
-    if LIKELIHOODS[spec.likelihood](**spec.likelihood_options).stochastic:
+    if monte_carlo_expectation(spec.likelihood, spec.likelihood_options):
         return replace(UNCOLLAPSED_CONFIG, natural_gradient_lr=None)
     if spec.batch_size is not None:
         return replace(UNCOLLAPSED_CONFIG, natural_gradient_lr=MINIBATCH_NATURAL_GRADIENT)

@@ -70,7 +70,7 @@ from pyrogp_models.errors import (
     DataError,
     NotConvergedWarning,
 )
-from pyrogp_models.likelihoods import LIKELIHOODS, make_likelihood
+from pyrogp_models.likelihoods import LIKELIHOODS, monte_carlo_expectation
 from pyrogp_models.models.multitask import (
     MultitaskGP,
     MultitaskOptions,
@@ -213,7 +213,7 @@ def deterministic_objective(spec: MultitaskOptions, model: str) -> bool:
     with a closed-form or quadrature expectation."""
     if model not in CONTAINED.values() or spec.batch_size is not None:
         return False
-    return not make_likelihood(spec.likelihood, (), **spec.likelihood_options).stochastic
+    return not monte_carlo_expectation(spec.likelihood, spec.likelihood_options)
 
 
 def collapsible(spec: MultitaskSpec) -> bool:
@@ -253,8 +253,9 @@ def default_config(spec: MultitaskSpec) -> TrainConfig:
         return MULTITASK_UNCOLLAPSED_CONFIG
     config = MULTITASK_DEEP_CONFIG
     if spec.model in CONTAINED.values():
-        monte_carlo = make_likelihood(spec.likelihood, (), **spec.likelihood_options).stochastic
-        return config if monte_carlo else replace(config, natural_gradient_lr=1.0)
+        if monte_carlo_expectation(spec.likelihood, spec.likelihood_options):
+            return config
+        return replace(config, natural_gradient_lr=1.0)
     if spec.likelihood == "gaussian":
         return replace(config, natural_gradient_lr=0.1)
     return config

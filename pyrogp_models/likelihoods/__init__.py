@@ -21,5 +21,13 @@ def make_likelihood(name: str, batch_shape=(), dtype=None, device=None, **kwargs
     return LIKELIHOODS[name](batch_shape, dtype, device, **kwargs)
 
 
+def monte_carlo_expectation(name: str, options: dict) -> bool:
+    """Whether likelihood ``name`` with ``options`` estimates its expected log-likelihood by
+    Monte Carlo (a softmax), not in closed form or by quadrature: such an objective has no
+    exact value to judge a natural-gradient step or an L-BFGS line search by."""
+    return make_likelihood(name, (), **options).stochastic
+
+
 __all__ = ["LIKELIHOODS", "Bernoulli", "Categorical", "Gaussian", "HeteroscedasticGaussian",
-           "Likelihood", "Poisson", "latent_layout", "make_likelihood"]
+           "Likelihood", "Poisson", "latent_layout", "make_likelihood",
+           "monte_carlo_expectation"]
