@@ -489,7 +489,8 @@ def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
     phases = [_phase(shallow, _train(shallow, shallow_config, seed), seed)]
     exact = embed_shallow(model, shallow, SWITCHED_OFF)
     reference, reference_elbo = _state(model), estimate_elbo(model, seed=seed)
-    to_beat = reference_elbo if exact else max(reference_elbo, phases[0].elbo)
+    fallback, to_beat = ((shallow, phases[0].elbo) if not exact and phases[0].elbo >= reference_elbo
+                         else (model, reference_elbo))
     for start in deep_starts(model):
         _start_deep(model, shallow, config, start)
         result = _train(model, config, seed)
@@ -497,9 +498,7 @@ def _fit_from_shallow(model: MultitaskGP, data: TaskData, spec: MultitaskSpec,
         if phases[-1].elbo > to_beat:
             return model, result, phases, spec.model, phases[-1].elbo
         model.load_state_dict(reference)
-    if not exact and phases[0].elbo >= reference_elbo:
-        return shallow, result, phases, shallow.kind, phases[0].elbo
-    return model, result, phases, shallow.kind, reference_elbo
+    return fallback, result, phases, shallow.kind, to_beat
 
 
 def deep_starts(model: MultitaskGP) -> tuple[str, ...]:

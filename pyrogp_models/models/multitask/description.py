@@ -107,6 +107,12 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
     return "\n".join(lines)
 
 
+def dropped(phase: dict) -> bool:
+    """Whether a recorded candidate was dropped: a fit to its held-out folds failed, so it has
+    neither an ELBO nor a held-out error."""
+    return phase["elbo"] is None and phase.get("held_out") is None
+
+
 def _phase_text(phase: dict) -> str:
     """A recorded phase: its training (a candidate not kept has no ELBO: fitted to its held-out
     folds only, or dropped where such a fit failed) and its held-out MSE where it has one."""
@@ -115,8 +121,8 @@ def _phase_text(phase: dict) -> str:
         text = (f"{phase['steps']} steps, {phase['seconds']:.1f} s, "
                 f"{'converged' if phase['converged'] else 'not converged'}, "
                 f"ELBO {phase['elbo']:.6g}")
-    elif held_out is not None:
-        text = "fitted to its held-out folds only"
-    else:
+    elif dropped(phase):
         return "dropped: a fit to its held-out folds failed"
+    else:
+        text = "fitted to its held-out folds only"
     return text if held_out is None else f"{text}, held-out MSE {held_out:.4g}"
