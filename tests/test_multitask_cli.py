@@ -150,6 +150,14 @@ def test_cgp_takes_its_coregionalisation_and_rank_from_the_command_line(capsys, 
         capsys, "info", out)
 
 
+def test_a_deep_model_takes_its_top_mean_from_the_command_line(capsys, folder, long_csv):
+    out = folder / "zero_mean.safetensors"
+    run_ok(capsys, "fit-multitask", long_csv, *LONG, "--model", "idgp", "--top-mean", "zero",
+           "--inducing", "4", "--steps", "2", "--out", out)
+    model = load_multitask(out).model
+    assert model.options.top_mean == "zero" and model.top.mean_weights is None
+
+
 def test_a_default_cgp_on_three_outputs_reports_every_candidate_and_keeps_the_best_held_out(
         capsys, folder):
     rng = np.random.default_rng(4)
@@ -407,6 +415,8 @@ BAD_FITS = {
     "--link for gaussian": ("data", [*LONG, "--link", "probit"], "--link applies to"),
     "--noise for igp": ("data", [*LONG, "--model", "igp", "--noise", "correlated"],
                         "--noise applies to cgp, not igp"),
+    "--top-mean for cgp": ("data", [*LONG, "--top-mean", "linear"],
+                           "--top-mean applies to smdgp, mmdgp, idgp, not cgp"),
     "correlated noise of copied outputs": ("copied", ["--target", "a,b", "--noise",
                                                       "correlated"],
                                            "tasks 0 and 1 are exact linear copies"),

@@ -39,7 +39,8 @@ MODEL_OPTIONS = {"--shared": {"smdgp": "shared_width", "mmdgp": "shared_width",
                  "--private": {"mmdgp": "private_width", "idgp": "private_width"},
                  "--coregionalisation": dict.fromkeys(("cgp", "cmdgp"), "coregionalisation"),
                  "--rank": dict.fromkeys(("cgp", "cmdgp"), "coregional_rank"),
-                 "--noise": {"cgp": "noise"}}
+                 "--noise": {"cgp": "noise"},
+                 "--top-mean": dict.fromkeys(("smdgp", "mmdgp", "idgp"), "top_mean")}
 
 
 
@@ -91,6 +92,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "observed next to it) or independent (default: with the gaussian "
                              "likelihood cgp fits both and keeps the one that predicts held-out "
                              "stretches best, as for --rank)")
+    parser.add_argument("--top-mean", metavar="linear|zero", choices=LibraryNames(
+                            "pyrogp_models.models.multitask.options:TOP_MEANS"),
+                        help="smdgp, mmdgp, idgp: every task's top GP has a learned linear "
+                             "mean on the latent space, without a prior (linear: the tasks' "
+                             "linear coregionalisation inside the deep model) or none, the "
+                             "paper's (zero) (default: linear with the gaussian likelihood, "
+                             "zero for a classifier, whose linear mean of the logits "
+                             "diverges where the classes are linearly separable)")
     parser.add_argument("--inducing", type=int, metavar="M",
                         help="inducing inputs of every process (each task's top GP, private "
                              "and shared processes, each latent GP of cgp): the same budget in "
@@ -222,7 +231,7 @@ def _model_options(args: argparse.Namespace) -> dict:
             raise DataError(f"{flag} must be positive, got {value:g}")
     options = {} if args.inducing is None else {"num_inducing": args.inducing}
     for flag, targets in MODEL_OPTIONS.items():
-        value = getattr(args, flag.removeprefix("--"))
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None:
             if args.model not in targets:
                 raise DataError(f"{flag} applies to {', '.join(targets)}, not {args.model}")
