@@ -61,7 +61,8 @@ class ModuleSet:
         if first.columns.describe():
             lines.append(first.columns.describe())
         lines.append("the kernel and the Gaussian noise are in data units; flags: ELBO per point "
-                     "far below the siblings' (outlier), a fit that stopped unconverged")
+                     "far below the siblings' (outlier), a fit that stopped unconverged, an ELBO "
+                     "no higher than the log likelihood of a constant (learnt nothing)")
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
@@ -103,7 +104,7 @@ def module_table(modules: dict[str, Module], columns: dict[str, Callable[[Module
     lines = [f"{len(modules)} modules; ELBO per point: min {quantiles[0]:.4g}, 5% "
              f"{quantiles[1]:.4g}, median {quantiles[2]:.4g}, 95% {quantiles[3]:.4g}, max "
              f"{quantiles[4]:.4g}", f"lowest ELBO per point: {', '.join(worst)}"]
-    for flag in ("outlier", "not converged"):
+    for flag in ("outlier", "not converged", "learnt nothing"):
         flagged = [name for name, found in flags.items() if flag in found]
         if flagged:
             shown = ", ".join(flagged[:10]) + (" and more" if len(flagged) > 10 else "")
