@@ -156,6 +156,7 @@ def test_a_deep_model_takes_its_top_mean_from_the_command_line(capsys, folder, l
            "--inducing", "4", "--steps", "2", "--out", out)
     model = load_multitask(out).model
     assert model.options.top_mean == "zero" and model.top.mean_weights is None
+    assert "top-layer mean: zero" in run_ok(capsys, "info", out)
 
 
 def test_a_default_cgp_on_three_outputs_reports_every_candidate_and_keeps_the_best_held_out(

@@ -37,6 +37,7 @@ def multitask_summary(predictor: MultitaskPredictor) -> dict:
             "noise_correlation": (None if model.site_noise is None
                                   else model.site_noise.correlation().detach().tolist()),
             "shared_columns": model.latent.shared_width if model.is_deep else None,
+            "top_mean": model.options.top_mean,
             "predictive_samples": predictor.num_samples if model.is_deep else 1,
             **{key: info[key] for key in FIT_KEYS if key in info}}
 
@@ -83,6 +84,8 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
     if model.is_deep:
         lines.append(f"ARD weights are over the {weights.shape[-1]} columns of the latent space "
                      f"λ, the first {model.latent.shared_width} from shared processes")
+        lines.append("top-layer mean: " + ("learned, linear in λ (no prior)"
+                                           if model.options.top_mean == "linear" else "zero"))
     if "elbo" in info:
         status = "converged" if info.get("converged") else "not converged"
         kept = info.get("kept")
