@@ -60,9 +60,11 @@ class ModuleSet:
         lines = [table, "", f"partition rule: {rule}"]
         if first.columns.describe():
             lines.append(first.columns.describe())
+        recorded = any("constant_log_likelihood" in m.info for m in self.modules.values())
         lines.append("the kernel and the Gaussian noise are in data units; flags: ELBO per point "
-                     "far below the siblings' (outlier), a fit that stopped unconverged, an ELBO "
-                     "no higher than the log likelihood of a constant (learnt nothing)")
+                     "far below the siblings' (outlier), a fit that stopped unconverged"
+                     + (", an ELBO no higher than the log likelihood of a constant (learnt "
+                        "nothing)" if recorded else ""))  # files before it: not recorded
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
