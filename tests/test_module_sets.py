@@ -233,3 +233,6 @@ def test_the_command_line_names_a_module_that_learnt_nothing(capsys, folder):
     info = run_ok(capsys, "info", folder / "noise_tail")
     assert [line.split()[0] for line in info.splitlines() if "learnt nothing" in line
             and line.startswith("part")] == ["part003"]
+    rows = json.loads(run_ok(capsys, "info", folder / "noise_tail", "--json"))["modules"]
+    assert [row["name"] for row in rows if row["elbo"] <= row["constant_log_likelihood"]
+            ] == ["part003"] == [row["name"] for row in rows if row["flags"]]

@@ -68,7 +68,8 @@ class ModuleSet:
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
-        """The modules (size, kernel and Gaussian noise in data units, likelihood, ELBO, flags),
+        """The modules (size, kernel and Gaussian noise in data units, likelihood, ELBO, the
+        log likelihood of a constant where recorded (None before), flags),
         the partition rule and the data columns as JSON-able values (``pyrogp info --json``)."""
         flags = module_flags(self.modules)
         rows = [{"name": name, "num_data": module.num_data,
@@ -77,7 +78,9 @@ class ModuleSet:
                  "likelihood": {"name": module.likelihood_name, **module.likelihood_options,
                                 **{key: value.tolist() for key, value
                                    in _data_unit_likelihood_params(module).items()}},
-                 "elbo": module.elbo, "flags": flags.get(name, [])}
+                 "elbo": module.elbo,
+                 "constant_log_likelihood": module.info.get("constant_log_likelihood"),
+                 "flags": flags.get(name, [])}
                 for name, module in self.modules.items()]
         return {"modules": rows, "partition_rule": self.rule,
                 "columns": self.first.columns.to_dict()}
