@@ -34,7 +34,6 @@ from pyrogp_models.inference.local_fit import (
     model_inputs,
     seeded_generator,
     train_local,
-    warn_if_learnt_nothing,
 )
 from pyrogp_models.inference.trainer import TrainConfig, TrainResult
 
@@ -152,7 +151,6 @@ def fit_local_distributed(client, data: PartitionedData | tuple,
                                          strict=True):
             module = module_from_bytes(module_bytes, f"module '{name}' from a worker")
             modules[name] = replace(module, info={**module.info, "partition": k})
-    warn_if_learnt_nothing(modules)
     return DistributedFit(modules, partition, _merge_results(results), standardisation, chunks)
 
 

@@ -11,7 +11,6 @@ have no region, are combined by rBCM instead
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -35,12 +34,10 @@ from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.identifiability import require_identifiable
 from pyrogp_models.data.partitioners import Partition
-from pyrogp_models.errors import ConstantFitWarning
 from pyrogp_models.kernels import describable, resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS, monte_carlo_expectation
 from pyrogp_models.models.experts.predictor import ExpertCombination
 from pyrogp_models.models.local.local_gps import LocalGPs, initial_inducing
-from pyrogp_models.modules.health import learnt_nothing
 from pyrogp_models.modules.predictor import Predictor
 from pyrogp_models.modules.record import Module
 from pyrogp_models.modules.routing import as_predictor
@@ -136,7 +133,6 @@ def fit_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
     (:func:`~pyrogp_models.data.identifiability.require_identifiable`).
     """
     model, result, modules, standardisation = train_local(data, spec, config)
-    warn_if_learnt_nothing(modules)
     partition = data[2]
     return LocalFit(model, result, standardisation=standardisation, modules=modules,
                     partition=partition)
@@ -187,22 +183,6 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
         module.info["converged"] = bool(converged[k]) if converged else result.converged
     modules = {name: replace(module, columns=spec.columns) for name, module in modules.items()}
     return model, result, modules, standardisation
-
-
-def warn_if_learnt_nothing(modules: dict[str, Module]) -> None:
-    """Warn (:class:`~pyrogp_models.errors.ConstantFitWarning`, with the flagged modules' summed
-    ELBO and constant) where a module's ELBO is no higher than the log likelihood of the best
-    constant for its partition's targets (:func:`~pyrogp_models.modules.health.learnt_nothing`)."""
-    flagged = {name: module for name, module in modules.items() if learnt_nothing(module)}
-    if not flagged:
-        return
-    names = ", ".join(list(flagged)[:5]) + (" and more" if len(flagged) > 5 else "")
-    elbo = sum(module.elbo for module in flagged.values())
-    constant = sum(module.info["constant_log_likelihood"] for module in flagged.values())
-    warnings.warn(ConstantFitWarning(
-        f"{len(flagged)} of {len(modules)} modules ({names}) have an ELBO no higher than the log "
-        "likelihood of a constant for their partition's targets: they have learnt nothing from "
-        "its inputs", elbo, constant), stacklevel=3)
 
 
 def number_of_restarts(spec: LocalFitSpec) -> int:

@@ -16,7 +16,7 @@ from pyrogp_models.inference.trainer import TrainConfig, train
 from helpers import run_failing, run_ok, write_csv
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.partitioners import partition_contiguous
-from pyrogp_models.errors import ConstantFitWarning, ModuleFileError, NotConvergedWarning
+from pyrogp_models.errors import ModuleFileError, NotConvergedWarning
 from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.modules.files import (
     INDEX_NAME,
@@ -183,7 +183,7 @@ def test_an_outlier_among_siblings_is_flagged(sites):
     name = next(iter(modules))
     spoiled = dict(modules)
     spoiled[name] = replace(modules[name], elbo=modules[name].elbo - 50 * modules[name].num_data)
-    assert module_flags(spoiled) == {name: ["outlier", "learnt nothing"]}  # 50 nats a point
+    assert module_flags(spoiled) == {name: ["outlier"]}
 
 
 def test_the_trainer_warns_when_it_stops_unconverged():
@@ -194,45 +194,3 @@ def test_the_trainer_warns_when_it_stops_unconverged():
     with pytest.warns(NotConvergedWarning, match="2 of 2 independent members") as caught:
         train(model, config=TrainConfig(optimizer="lbfgs", lr=1.0, steps=4, window=2))
     assert caught[0].message.steps == 4 and caught[0].message.members == 2
-
-
-def _signal_then_noise():
-    """400 inputs on [0, 10]: a noisy sine up to 7.5, standard normal noise beyond."""
-    rng = np.random.default_rng(0)
-    x = rng.uniform(0, 10, 400)
-    y = np.sin(x) + 0.3 * rng.normal(size=400)
-    y[x > 7.5] = rng.normal(size=int((x > 7.5).sum()))
-    return x, y
-
-
-def test_a_module_that_learns_nothing_from_its_inputs_is_flagged_and_warned_of():
-    """Four contiguous partitions, the last of pure noise: its ELBO is no higher than the log
-    likelihood of the best constant for its targets, −N/2 (log 2πσ̂² + 1) in model units
-    (computed here from the data), and it alone is flagged; the fit warns once, naming it."""
-    x, y = _signal_then_noise()
-    partition = partition_contiguous(x[:, None], 4)
-    with pytest.warns(ConstantFitWarning, match=r"1 of 4 modules \(part003\)"):
-        fit = fit_local((x[:, None], y, partition))
-    scale = fit.standardisation.y_scale
-    for k, module in enumerate(fit.modules.values()):
-        targets = y[partition.assignments == k] / scale
-        constant = -0.5 * len(targets) * (np.log(2 * np.pi * targets.var()) + 1)
-        assert module.info["constant_log_likelihood"] == pytest.approx(constant, rel=1e-12)
-    assert module_flags(fit.modules) == {"part003": ["learnt nothing"]}
-
-
-def test_the_command_line_names_a_module_that_learnt_nothing(capsys, folder):
-    x, y = _signal_then_noise()
-    data = write_csv(folder / "noise_tail.csv", {"x": x, "y": y})
-    capsys.readouterr()
-    assert main(["fit-local", str(data), "--target", "y", "--partitions", "4", "--partition-by",
-                 "contiguous", "--out", str(folder / "noise_tail")]) == 0
-    warning = [line for line in capsys.readouterr().err.splitlines()
-               if line.startswith("pyrogp: warning:")]
-    assert len(warning) == 1 and "1 of 4 modules (part003)" in warning[0]
-    info = run_ok(capsys, "info", folder / "noise_tail")
-    assert [line.split()[0] for line in info.splitlines() if "learnt nothing" in line
-            and line.startswith("part")] == ["part003"]
-    rows = json.loads(run_ok(capsys, "info", folder / "noise_tail", "--json"))["modules"]
-    assert [row["name"] for row in rows if row["elbo"] <= row["constant_log_likelihood"]
-            ] == ["part003"] == [row["name"] for row in rows if row["flags"]]

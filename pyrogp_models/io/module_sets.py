@@ -60,16 +60,12 @@ class ModuleSet:
         lines = [table, "", f"partition rule: {rule}"]
         if first.columns.describe():
             lines.append(first.columns.describe())
-        recorded = any("constant_log_likelihood" in m.info for m in self.modules.values())
         lines.append("the kernel and the Gaussian noise are in data units; flags: ELBO per point "
-                     "far below the siblings' (outlier), a fit that stopped unconverged"
-                     + (", an ELBO no higher than the log likelihood of a constant (learnt "
-                        "nothing)" if recorded else ""))  # files before it: not recorded
+                     "far below the siblings' (outlier), a fit that stopped unconverged")
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
-        """The modules (size, kernel and Gaussian noise in data units, likelihood, ELBO, the
-        log likelihood of a constant where recorded (None before), flags),
+        """The modules (size, kernel and Gaussian noise in data units, likelihood, ELBO, flags),
         the partition rule and the data columns as JSON-able values (``pyrogp info --json``)."""
         flags = module_flags(self.modules)
         rows = [{"name": name, "num_data": module.num_data,
@@ -78,9 +74,7 @@ class ModuleSet:
                  "likelihood": {"name": module.likelihood_name, **module.likelihood_options,
                                 **{key: value.tolist() for key, value
                                    in _data_unit_likelihood_params(module).items()}},
-                 "elbo": module.elbo,
-                 "constant_log_likelihood": module.info.get("constant_log_likelihood"),
-                 "flags": flags.get(name, [])}
+                 "elbo": module.elbo, "flags": flags.get(name, [])}
                 for name, module in self.modules.items()]
         return {"modules": rows, "partition_rule": self.rule,
                 "columns": self.first.columns.to_dict()}
@@ -109,7 +103,7 @@ def module_table(modules: dict[str, Module], columns: dict[str, Callable[[Module
     lines = [f"{len(modules)} modules; ELBO per point: min {quantiles[0]:.4g}, 5% "
              f"{quantiles[1]:.4g}, median {quantiles[2]:.4g}, 95% {quantiles[3]:.4g}, max "
              f"{quantiles[4]:.4g}", f"lowest ELBO per point: {', '.join(worst)}"]
-    for flag in ("outlier", "not converged", "learnt nothing"):
+    for flag in ("outlier", "not converged"):
         flagged = [name for name, found in flags.items() if flag in found]
         if flagged:
             shown = ", ".join(flagged[:10]) + (" and more" if len(flagged) > 10 else "")

@@ -5,11 +5,7 @@ A module is an *outlier* when its ELBO per point lies more than :data:`OUTLIER_Z
 standard deviations below the median of its siblings (robust: 1.4826 × the median absolute
 deviation, floored at :data:`MIN_SPREAD` nats per point so that near-identical siblings do not
 flag each other); at least :data:`MIN_SIBLINGS` modules are needed to judge. A module is
-*unconverged* when its fit recorded ``info["converged"] = False``. A module has *learnt nothing*
-when its ELBO is no higher than ``info["constant_log_likelihood"]``, the log likelihood of the
-best constant for its partition's targets
-(:meth:`~pyrogp_models.likelihoods.base.Likelihood.constant_log_likelihood`, recorded by a
-local fit): it predicts no better than ignoring its inputs.
+*unconverged* when its fit recorded ``info["converged"] = False``.
 """
 
 from __future__ import annotations
@@ -33,16 +29,9 @@ def elbo_per_point(modules: Mapping[str, Module]) -> np.ndarray:
     return np.array([m.elbo / max(m.num_data, 1) for m in modules.values()], dtype=np.float64)
 
 
-def learnt_nothing(module: Module) -> bool:
-    """Whether ``module``'s ELBO is no higher than the constant log likelihood its fit recorded
-    (False where none was)."""
-    constant = module.info.get("constant_log_likelihood")
-    return constant is not None and module.elbo <= constant
-
-
 def module_flags(modules: Mapping[str, Module]) -> dict[str, list[str]]:
-    """Per module name, its flags: ``"outlier"``, ``"not converged"`` and ``"learnt nothing"``
-    (module docstring); modules without flags are left out."""
+    """Per module name, its flags: ``"outlier"`` and/or ``"not converged"`` (module docstring);
+    modules without flags are left out."""
     values = elbo_per_point(modules)
     outliers = np.zeros(len(values), dtype=bool)
     if len(values) >= MIN_SIBLINGS:
@@ -52,8 +41,7 @@ def module_flags(modules: Mapping[str, Module]) -> dict[str, list[str]]:
     flags: dict[str, list[str]] = {}
     for (name, module), outlier in zip(modules.items(), outliers, strict=True):
         found = (["outlier"] if outlier else []) + (
-            ["not converged"] if module.info.get("converged") is False else []) + (
-            ["learnt nothing"] if learnt_nothing(module) else [])
+            ["not converged"] if module.info.get("converged") is False else [])
         if found:
             flags[name] = found
     return flags

@@ -273,9 +273,7 @@ class LocalGPs(PyroModule):
     def to_modules(self, standardisation: Standardisation, names: Sequence[str] | None = None,
                    info: dict | None = None) -> dict[str, Module]:
         """Export every partition as a :class:`Module` (q(u) of collapsed groups at its
-        optimum), its info holding the log likelihood of the best constant for its targets
-        (:func:`~pyrogp_models.modules.health.learnt_nothing`). Names default to ``part000``,
-        ``part001``, ..."""
+        optimum). Names default to ``part000``, ``part001``, ..."""
         self.finalise()
         elbos = self.elbo()
         width = max(3, len(str(self.num_partitions - 1)))
@@ -286,8 +284,6 @@ class LocalGPs(PyroModule):
             params = group.likelihood.parameter_values()
             counts = group.data_mask.sum(-1)
             for j, k in enumerate(members.tolist()):
-                constant = group.likelihood.constant_log_likelihood(
-                    group.data_y[j][group.data_mask[j]])
                 modules[k] = (names[k], Module(
                     kernel=member(group.kernel, j),
                     likelihood_name=self.likelihood_name,
@@ -297,8 +293,7 @@ class LocalGPs(PyroModule):
                     q_mean=q_mean[j].clone(), q_chol=q_chol[j].clone(),
                     num_data=int(counts[j]), elbo=float(elbos[k]),
                     standardisation=standardisation, jitter=group.jitter,
-                    info={"name": names[k], "partition": k, **(info or {}),
-                          "constant_log_likelihood": float(constant)}))
+                    info={"name": names[k], "partition": k, **(info or {})}))
         return dict(modules[k] for k in sorted(modules))
 
 
