@@ -203,13 +203,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _held_out(phase) -> str:
     """A candidate's held-out MSE; "dropped" where a fit to its folds failed."""
-    from dataclasses import asdict
-
     from pyrogp_models.models.multitask.description import dropped
 
     if phase.held_out is not None:
         return f"{phase.held_out:.4g}"
-    return "dropped" if dropped(asdict(phase)) else "—"
+    return "dropped" if dropped(phase.elbo, phase.held_out) else "—"
 
 
 def _converged(phase) -> str:

@@ -110,10 +110,10 @@ def describe_multitask(predictor: MultitaskPredictor) -> str:
     return "\n".join(lines)
 
 
-def dropped(phase: dict) -> bool:
-    """Whether a recorded candidate was dropped: a fit to its held-out folds failed, so it has
-    neither an ELBO nor a held-out error."""
-    return phase["elbo"] is None and phase.get("held_out") is None
+def dropped(elbo: float | None, held_out: float | None) -> bool:
+    """Whether a candidate with this ELBO and held-out error was dropped: a fit to its held-out
+    folds failed, so it has neither."""
+    return elbo is None and held_out is None
 
 
 def _phase_text(phase: dict) -> str:
@@ -124,7 +124,7 @@ def _phase_text(phase: dict) -> str:
         text = (f"{phase['steps']} steps, {phase['seconds']:.1f} s, "
                 f"{'converged' if phase['converged'] else 'not converged'}, "
                 f"ELBO {phase['elbo']:.6g}")
-    elif dropped(phase):
+    elif dropped(phase["elbo"], held_out):
         return "dropped: a fit to its held-out folds failed"
     else:
         text = "fitted to its held-out folds only"
