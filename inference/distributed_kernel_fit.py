@@ -226,11 +226,10 @@ def start_factors(spec: DistributedKernelSpec, config: TrainConfig) -> list[floa
     bound, and one otherwise, when the lengthscale is given or when the training keeps a
     checkpoint or a time budget (which are one training's). A long start can settle on the
     optimum that calls the structure noise."""
-    one_training = config.checkpoint is not None or config.time_budget is not None
     default = (DISTRIBUTED_KERNEL_RESTARTS if spec.method == "solve" and spec.lengthscale is None
-               and not one_training else 1)
+               and not config.one_training else 1)
     count = restarts.number_of_starts(spec.restarts, default)
-    if count > 1 and one_training:
+    if count > 1 and config.one_training:
         raise ValueError("a checkpoint or a time budget belongs to one training: give "
                          "restarts=1 with them")
     return [restarts.LONGEST ** -(i / max(count - 1, 1)) for i in range(count)]

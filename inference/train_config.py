@@ -58,6 +58,12 @@ class TrainConfig:
         if self.patience is not None and self.patience < 1:
             raise ValueError(f"patience must be ≥ 1 window, got {self.patience}")
 
+    @property
+    def one_training(self) -> bool:
+        """Whether the configuration belongs to one training: a checkpoint or a time budget
+        (no restarts, no fit in parts)."""
+        return self.checkpoint is not None or self.time_budget is not None
+
 
 #: Starts per partition (local fits) or per fit (exact experts) by default: the fit goes on from
 #: the best (:mod:`pyrogp_models.inference.restarts`).

@@ -55,7 +55,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -72,6 +72,7 @@ from tqdm import tqdm
 
 from pyrogp_models.errors import CholeskyError, NotConvergedWarning
 from pyrogp_models.gaussian.linalg import deferred_checks
+from pyrogp_models.kernels import hold_given
 from pyrogp_models.modules.signed import atomic_write
 
 
@@ -221,6 +222,26 @@ def parameter_scope(config: TrainConfig):
     training, export — so that it leaves nothing in the global store (any PyroModule called
     puts its parameters there); a null context when ``config.global_param_store``."""
     return nullcontext() if config.global_param_store else pyro.get_param_store().scope()
+
+
+def train_given_first(module: pyro.nn.PyroModule, config: TrainConfig) -> TrainResult:
+    """Train ``module`` with the kernel values the user gave held (:func:`~pyrogp_models.
+    kernels.members.hold_given`), then with them trained too, both parts to ``config``'s test:
+    a given period keeps its meaning while the other values settle (:func:`~pyrogp_models.
+    inference.local_fit.given_first_too`). A checkpoint or a time budget belongs to one training
+    (:attr:`~pyrogp_models.inference.train_config.TrainConfig.one_training`): with either, one
+    part."""
+    if config.one_training:
+        return train(module, config=config)
+    hold_given(module)
+    first = train(module, config=config)
+    if not hold_given(module, False):  # nothing was held
+        return first
+    second = train(module, config=config)
+    return replace(second, losses=first.losses + second.losses,
+                   steps=first.steps + second.steps, seconds=first.seconds + second.seconds,
+                   returned_to=None if second.returned_to is None
+                   else first.steps + second.returned_to)
 
 
 def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,

@@ -18,7 +18,15 @@ from pyrogp_models.kernels.expression import KernelExpressionError, parse_kernel
 from pyrogp_models.kernels.external import External
 from pyrogp_models.kernels.leaf import Hyperparameter, Leaf
 from pyrogp_models.kernels.linear import Linear
-from pyrogp_models.kernels.members import frozen, held, member, moved, signature, stack
+from pyrogp_models.kernels.members import (
+    frozen,
+    held,
+    hold_given,
+    member,
+    moved,
+    signature,
+    stack,
+)
 from pyrogp_models.kernels.periodic import Periodic
 from pyrogp_models.kernels.rational_quadratic import RationalQuadratic
 from pyrogp_models.kernels.registry import KINDS, describable, kernel_from_tree
@@ -38,6 +46,7 @@ from pyrogp_models.kernels.text import kernel_text
 __all__ = ["KINDS", "PROFILES", "RBF", "Constant", "External", "Hyperparameter", "Kernel",
            "KernelExpressionError", "Leaf", "Linear", "Matern12", "Matern32", "Matern52",
            "Periodic", "Product", "RationalQuadratic", "Role", "Stationary", "Sum", "White",
-           "describable", "frozen", "held", "kernel_from_tree", "kernel_text", "member", "moved",
-           "parse_kernel", "resolve_kernel", "signature", "stack",
+           "describable", "frozen", "held", "hold_given",
+           "kernel_from_tree", "kernel_text", "member", "moved", "parse_kernel", "resolve_kernel",
+           "signature", "stack",
            "stationary_covariance", "stationary_diagonal", "stationary_kernel"]

@@ -6,7 +6,8 @@ kernels.base.Role`, whether it has one value per input dimension, default) and i
 are Pyro parameters with a positivity constraint (optimised in log space); a *fixed* value is a
 buffer. Per-dimension values have shape ``[*batch, D]`` (``ard=True``) or ``[*batch, 1]``
 (shared); the others ``[*batch]``. ``given`` records which values the user chose, so a fit
-initialises only the others from the data.
+initialises only the others from the data, and can hold them through a first fit
+(:meth:`Leaf.hold_given`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Leaf(Kernel):
                              f"{', '.join(sorted(unknown))}; it has {', '.join(sorted(names))}")
         self.ard = bool(ard)
         self.held = False
+        self.given_held = False
         self.fixed = tuple(h.name for h in self.hyperparameters if h.name in fixed)
         self.given = tuple(h.name for h in self.hyperparameters if h.name in values)
         for h in self.hyperparameters:
@@ -89,8 +91,28 @@ class Leaf(Kernel):
             self._set(h, getattr(self, h.name).detach().clone())
         return self
 
+    def hold_given(self, hold: bool = True) -> bool:
+        """Hold the trained values the user gave (not fixed) as constants (``hold``), or train
+        again the ones held so; returns whether any changed."""
+        given = self.given_trained()
+        if not given or hold == self.given_held:
+            return False
+        self.given_held = hold
+        for h in given:
+            self._set(h, getattr(self, h.name).detach().clone())
+        return True
+
+    def given_trained(self) -> list[Hyperparameter]:
+        """The hyperparameters the user gave that the fit trains (not fixed, not held, with a
+        gradient; or held by :meth:`hold_given`)."""
+        trained = self.given_held or any(p.requires_grad for p in self.parameters(recurse=False))
+        if self.held or not trained:
+            return []
+        return [h for h in self.hyperparameters
+                if h.name in self.given and h.name not in self.fixed]
+
     def _set(self, h: Hyperparameter, value: torch.Tensor) -> None:
-        if h.name in self.fixed or self.held:
+        if h.name in self.fixed or self.held or (self.given_held and h.name in self.given):
             if h.name in self._pyro_params:
                 delattr(self, h.name)
             self.register_buffer(h.name, value)

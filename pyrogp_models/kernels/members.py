@@ -29,6 +29,12 @@ def held(kernel: Kernel) -> Kernel:
     return kernel.requires_grad_(False)
 
 
+def hold_given(module: torch.nn.Module, hold: bool = True) -> bool:
+    """Hold the trained values the user gave in every leaf kernel within ``module``
+    (:meth:`Leaf.hold_given`), or train them again; returns whether any changed."""
+    return any([leaf.hold_given(hold) for leaf in module.modules() if isinstance(leaf, Leaf)])
+
+
 def _rebuilt(kernel: Kernel, change: Callable[[torch.Tensor], torch.Tensor], batch_dims: int
              ) -> Kernel:
     """A held copy with ``change`` applied to every value; a positive value that underflowed to

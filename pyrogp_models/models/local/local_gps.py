@@ -244,6 +244,21 @@ class LocalGPs(PyroModule):
         for group in self.groups:
             group.finalise()
 
+    @torch.no_grad()
+    def take_partitions(self, other: LocalGPs, taken: torch.Tensor) -> None:
+        """Copy every value of the partitions where ``taken`` [K] (partition order) is true from
+        ``other``, a model of the same data, kernel structure and inducing sizes (a fit from
+        other starts)."""
+        for mine, theirs, members in zip(self.groups, other.groups, self.group_members,
+                                         strict=True):
+            chosen = taken.to(members.device)[members]
+            replacements = theirs.state_dict()
+            for name, value in mine.state_dict().items():
+                if value.shape[:1] != chosen.shape or replacements[name].shape != value.shape:
+                    raise ValueError(f"'{name}' has no value per partition to take")
+                mask = chosen.reshape(-1, *[1] * (value.dim() - 1))
+                value.copy_(torch.where(mask, replacements[name], value))
+
     def partition_values(self, values: list) -> list:
         """Per-member values in the order of :meth:`member_objectives` (group by group) →
         partition order (empty stays empty; one value of a group that is one member, with a
