@@ -5,7 +5,8 @@ a new command is one more entry in :data:`COMMANDS`. Building the parser imports
 library (a command imports torch and the models inside its ``run``), so ``pyrogp --help``,
 ``--version`` and ``pyrogp COMMAND --help`` answer at once. Errors caused by the input (bad data,
 broken module files, missing files) print one line, ``pyrogp: error: <message>``, and exit with
-code 2; ``--debug`` shows the traceback instead. ``--threads N`` sets torch's intra-op thread
+code 2, as do errors in the arguments (an unknown option or choice, a missing argument);
+``--debug`` shows the traceback instead. ``--threads N`` sets torch's intra-op thread
 count before the command runs (on a small, shared machine one or two threads are often fastest).
 """
 
@@ -46,14 +47,24 @@ _THREADS_HELP = ("use N threads within torch operations (torch.set_num_threads);
 _MAX_MESSAGE = 400
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors (an unknown option, an invalid choice, a missing
+    argument) are one line, ``pyrogp: error: <message> (see pyrogp COMMAND --help)``, with
+    exit code 2, like the commands' own errors — not argparse's usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"pyrogp: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``pyrogp`` parser: global options and one subparser per module of :data:`COMMANDS`."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="pyrogp", description="Gaussian processes fitted on partitions of data.")
     parser.add_argument("--version", action="version", version=f"pyrogp {__version__}")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     parser.add_argument("--threads", metavar="N", type=_positive_int, help=_THREADS_HELP)
-    subparsers = parser.add_subparsers(metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(metavar="COMMAND", required=True,
+                                       parser_class=_OneLineParser)
     for module_name in COMMANDS:
         command = importlib.import_module(module_name)
         subparser = subparsers.add_parser(command.NAME, help=command.HELP,

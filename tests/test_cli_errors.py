@@ -170,3 +170,16 @@ def test_each_error_is_one_line_exit_2_and_writes_nothing(capsys, folder, files,
     message = run_failing(capsys, *argv)
     assert expected in message
     assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["fit-local", "d.csv", "--target", "y", "--out", "m", "--likelihood", "nope"],
+     "argument --likelihood: invalid choice: 'nope'"),
+    (["fit-local", "d.csv", "--target", "y", "--out", "m", "--bogus"],
+     "unrecognized arguments: --bogus"),
+    (["fit-multitask", "d.csv"], "the following arguments are required: --target, --out"),
+    (["nope"], "argument COMMAND: invalid choice: 'nope'"),
+], ids=["invalid choice", "unknown option", "missing argument", "unknown command"])
+def test_an_error_in_the_arguments_is_one_line_too(capsys, argv, expected):
+    message = run_failing(capsys, *argv)
+    assert expected in message and "--help)" in message
