@@ -29,6 +29,7 @@ from pyrogp_models.inference.local_fit import (
     LocalFit,
     LocalFitSpec,
     PartitionedData,
+    default_config,
     fit_local,
     local_predictor,
     model_inputs,
@@ -160,7 +161,7 @@ def chunk_tasks(data: PartitionedData | tuple, num_chunks: int, spec: LocalFitSp
     """The partitions cut into ``num_chunks`` runs (see :func:`split_partitions`), one task per
     run holding only that run's points, and the standardisation they share."""
     X, y, partition = data
-    config = replace(config or TrainConfig(), progress=False)
+    config = replace(config or default_config(spec), progress=False)  # as fit_local's
     if config.checkpoint is not None:
         raise ValueError("checkpoints are not supported by distributed fits")
     X_model, y_model, standardisation = model_inputs(X, y, spec)

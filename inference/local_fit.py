@@ -223,7 +223,10 @@ def given_first_too(model: LocalGPs, result: TrainResult, converged: list[bool],
                                                        taken.tolist(), strict=True)]
     used = [record for record, kept in ((result, not bool(taken.all())),
                                         (again_result, bool(taken.any()))) if kept]
-    return model, replace(result, steps=result.steps + again_result.steps,
+    losses = result.losses + again_result.losses  # one per step of both paths, ending at the
+    if losses:                                    # bound of the partitions kept
+        losses[-1] = -float(model.elbo().sum())
+    return model, replace(result, losses=losses, steps=result.steps + again_result.steps,
                           seconds=result.seconds + again_result.seconds,
                           converged=all(converged) if converged
                           else all(record.converged for record in used)), converged
