@@ -28,12 +28,7 @@ from pyrogp_models.inference.train_config import (
     UNCOLLAPSED_EXACT_CONFIG,
     TrainConfig,
 )
-from pyrogp_models.inference.trainer import (
-    TrainResult,
-    parameter_scope,
-    train,
-    train_given_first,
-)
+from pyrogp_models.inference.trainer import TrainResult, parameter_scope, train
 
 from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.columns import Columns
@@ -162,12 +157,11 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
 
     def build(X, y, partition, inducing, start_scales=None, num_inducing=spec.num_inducing
               ) -> LocalGPs:
-        model = LocalGPs(X, y, partition, num_inducing, spec.likelihood,
-                         spec.likelihood_options, kernel, spec.ard, spec.inducing_init,
-                         spec.learn_inducing, collapsed_bound(spec), spec.batch_size,
-                         noise=spec.noise, inducing=inducing, start_scales=start_scales,
-                         standardisation=standardisation)
-        return model
+        return LocalGPs(X, y, partition, num_inducing, spec.likelihood,
+                        spec.likelihood_options, kernel, spec.ard, spec.inducing_init,
+                        spec.learn_inducing, collapsed_bound(spec), spec.batch_size,
+                        noise=spec.noise, inducing=inducing, start_scales=start_scales,
+                        standardisation=standardisation)
 
     inducing = spec.inducing or initial_inducing(X_model, y_model, partition, spec.num_inducing,
                                                  spec.inducing_init,
@@ -201,20 +195,24 @@ def given_first_too(model: LocalGPs, result: TrainResult, converged: list[bool],
                     again: LocalGPs, config: TrainConfig
                     ) -> tuple[LocalGPs, TrainResult, list[bool]]:
     """Where the kernel has values the user gave, ``again`` (the fit's start afresh) is trained
-    with them held first (:func:`~pyrogp_models.inference.trainer.train_given_first`), and each
-    partition keeps the fit with the higher bound under the restarts' rule (the first on a tie,
-    :func:`~pyrogp_models.inference.restarts.best_start`). Neither path is always better: on
-    monthly CO2 with whole summers held out (notebook 06, one partition, M = 100, ``rbf +
-    periodic(period=1) * rbf + rq + white``) the one-part fit drifts to a period of centuries
-    (bound 308.9, held-out 2.16 ppm) and the held one keeps the cycle (1205.3, 0.28 ppm); on the
-    weekly series (M = 300) the held one settles at a seasonal envelope of 1.6 years (4675.8,
-    0.62 ppm) and the one-part fit at 122 years (4867.6, 0.41 ppm)."""
+    with them held (:func:`~pyrogp_models.kernels.members.hold_given`) until the others settle,
+    then with them trained too, and each partition keeps the fit with the higher bound under the
+    restarts' rule (the first on a tie, :func:`~pyrogp_models.inference.restarts.best_start`).
+    Neither path is always better: on monthly CO2 with whole summers held out (notebook 06, one
+    partition, M = 100, ``rbf + periodic(period=1) * rbf + rq + white``) the one-part fit drifts
+    to a period of centuries (bound 308.9, held-out 2.16 ppm) and the held one keeps the cycle
+    (1205.3, 0.28 ppm); on the weekly series (M = 300) the held one settles at a seasonal
+    envelope of 1.6 years (4675.8, 0.62 ppm) and the one-part fit at 122 years (4867.6,
+    0.41 ppm). The record covers both paths, its last loss the kept partitions' bound."""
     if not hold_given(again):
         return model, result, converged
-    again_result = train_given_first(again, config)
+    held = train(again, config=config)
+    hold_given(again, False)
+    again_result = held.followed_by(train(again, config=config))
     model.finalise()
     again.finalise()
-    taken = restarts.best_start(torch.stack([model.elbo(), again.elbo()], -1)).bool()
+    bounds = torch.stack([model.elbo(), again.elbo()], -1)
+    taken = restarts.best_start(bounds).bool()
     if bool(taken.any()):
         model.take_partitions(again, taken)
     again_converged = again.partition_values(again_result.member_converged or [])
@@ -223,13 +221,12 @@ def given_first_too(model: LocalGPs, result: TrainResult, converged: list[bool],
                                                        taken.tolist(), strict=True)]
     used = [record for record, kept in ((result, not bool(taken.all())),
                                         (again_result, bool(taken.any()))) if kept]
-    losses = result.losses + again_result.losses  # one per step of both paths, ending at the
-    if losses:                                    # bound of the partitions kept
-        losses[-1] = -float(model.elbo().sum())
-    return model, replace(result, losses=losses, steps=result.steps + again_result.steps,
-                          seconds=result.seconds + again_result.seconds,
+    record = result.followed_by(again_result)
+    if record.losses:
+        record.losses[-1] = -float(torch.where(taken, bounds[:, 1], bounds[:, 0]).sum())
+    return model, replace(record, member_converged=result.member_converged,
                           converged=all(converged) if converged
-                          else all(record.converged for record in used)), converged
+                          else all(part.converged for part in used)), converged
 
 
 def number_of_restarts(spec: LocalFitSpec) -> int:

@@ -72,7 +72,6 @@ from tqdm import tqdm
 
 from pyrogp_models.errors import CholeskyError, NotConvergedWarning
 from pyrogp_models.gaussian.linalg import deferred_checks
-from pyrogp_models.kernels import hold_given
 from pyrogp_models.modules.signed import atomic_write
 
 
@@ -100,6 +99,14 @@ class TrainResult:
     @property
     def final_loss(self) -> float:
         return self.losses[-1] if self.losses else math.nan
+
+    def followed_by(self, later: TrainResult) -> TrainResult:
+        """The record of this training and then ``later`` (of the same model, or of a second
+        path to the same fit): both parts' losses, steps and seconds, how ``later`` ended."""
+        return replace(later, losses=self.losses + later.losses, steps=self.steps + later.steps,
+                       seconds=self.seconds + later.seconds,
+                       returned_to=None if later.returned_to is None
+                       else self.steps + later.returned_to)
 
 
 class PreStepHook(Protocol):
@@ -222,26 +229,6 @@ def parameter_scope(config: TrainConfig):
     training, export — so that it leaves nothing in the global store (any PyroModule called
     puts its parameters there); a null context when ``config.global_param_store``."""
     return nullcontext() if config.global_param_store else pyro.get_param_store().scope()
-
-
-def train_given_first(module: pyro.nn.PyroModule, config: TrainConfig) -> TrainResult:
-    """Train ``module`` with the kernel values the user gave held (:func:`~pyrogp_models.
-    kernels.members.hold_given`), then with them trained too, both parts to ``config``'s test:
-    a given period keeps its meaning while the other values settle (:func:`~pyrogp_models.
-    inference.local_fit.given_first_too`). A checkpoint or a time budget belongs to one training
-    (:attr:`~pyrogp_models.inference.train_config.TrainConfig.one_training`): with either, one
-    part."""
-    if config.one_training:
-        return train(module, config=config)
-    hold_given(module)
-    first = train(module, config=config)
-    if not hold_given(module, False):  # nothing was held
-        return first
-    second = train(module, config=config)
-    return replace(second, losses=first.losses + second.losses,
-                   steps=first.steps + second.steps, seconds=first.seconds + second.seconds,
-                   returned_to=None if second.returned_to is None
-                   else first.steps + second.returned_to)
 
 
 def train(module: pyro.nn.PyroModule, *args, config: TrainConfig | None = None,
