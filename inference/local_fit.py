@@ -11,6 +11,7 @@ have no region, are combined by rBCM instead
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -34,6 +35,7 @@ from pyrogp_models.data import Standardisation, require_finite
 from pyrogp_models.data.columns import Columns
 from pyrogp_models.data.identifiability import require_identifiable
 from pyrogp_models.data.partitioners import Partition
+from pyrogp_models.errors import RoundingWarning
 from pyrogp_models.kernels import describable, hold_given, resolve_kernel
 from pyrogp_models.likelihoods import LIKELIHOODS, monte_carlo_expectation
 from pyrogp_models.models.experts.predictor import ExpertCombination
@@ -185,8 +187,10 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
         modules = model.to_modules(standardisation, spec.names,
                                    info={"partition_rule": partition.rule.get("kind"),
                                          **(spec.info or {})})
+    impossible = beyond_ceiling(model, modules, spec.dtype)
     for k, module in enumerate(modules.values()):
-        module.info["converged"] = bool(converged[k]) if converged else result.converged
+        module.info["converged"] = k not in impossible and (
+            bool(converged[k]) if converged else result.converged)
     modules = {name: replace(module, columns=spec.columns) for name, module in modules.items()}
     return model, result, modules, standardisation
 
@@ -197,7 +201,8 @@ def given_first_too(model: LocalGPs, result: TrainResult, converged: list[bool],
     """Where the kernel has values the user gave, ``again`` (the fit's start afresh) is trained
     with them held (:func:`~pyrogp_models.kernels.members.hold_given`) until the others settle,
     then with them trained too, and each partition keeps the fit with the higher bound under the
-    restarts' rule (the first on a tie, :func:`~pyrogp_models.inference.restarts.best_start`).
+    restarts' rule (the first on a tie, :func:`~pyrogp_models.inference.restarts.best_start`;
+    a bound above its likelihood's ceiling, rounding error, never wins).
     Neither path is always better: on monthly CO2 with whole summers held out (notebook 06, one
     partition, M = 100, ``rbf + periodic(period=1) * rbf + rq + white``) the one-part fit drifts
     to a period of centuries (bound 308.9, held-out 2.16 ppm) and the held one keeps the cycle
@@ -212,7 +217,8 @@ def given_first_too(model: LocalGPs, result: TrainResult, converged: list[bool],
     model.finalise()
     again.finalise()
     bounds = torch.stack([model.elbo(), again.elbo()], -1)
-    taken = restarts.best_start(bounds).bool()
+    taken = restarts.best_start(torch.stack([model.possible(bounds[:, 0]),
+                                             again.possible(bounds[:, 1])], -1)).bool()
     if bool(taken.any()):
         model.take_partitions(again, taken)
     again_converged = again.partition_values(again_result.member_converged or [])
@@ -224,9 +230,25 @@ def given_first_too(model: LocalGPs, result: TrainResult, converged: list[bool],
     record = result.followed_by(again_result)
     if record.losses:
         record.losses[-1] = -float(torch.where(taken, bounds[:, 1], bounds[:, 0]).sum())
-    return model, replace(record, member_converged=result.member_converged,
+    return model, replace(record, member_converged=model.member_values(converged) or None,
                           converged=all(converged) if converged
                           else all(part.converged for part in used)), converged
+
+
+def beyond_ceiling(model: LocalGPs, modules: dict[str, Module], dtype: torch.dtype
+                   ) -> list[int]:
+    """The partitions whose module's ELBO lies above its likelihood's ceiling
+    (:meth:`~pyrogp_models.models.local.local_gps.LocalGPs.possible`), with a
+    :class:`~pyrogp_models.errors.RoundingWarning` naming them."""
+    ceiling = model.elbo_ceiling().tolist()
+    impossible = [k for k, module in enumerate(modules.values()) if not module.elbo <= ceiling[k]]
+    if impossible:
+        advice = "; fit in float64" if dtype == torch.float32 else ""
+        warnings.warn(RoundingWarning(
+            f"partitions {impossible} end at a bound above the most any fit reaches (the "
+            f"likelihood's ceiling): rounding error, not a fit, their kernel values having run "
+            f"off{advice}", impossible), stacklevel=3)
+    return impossible
 
 
 def number_of_restarts(spec: LocalFitSpec) -> int:

@@ -178,9 +178,11 @@ def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tens
     (:func:`screening_rows`); returns the
     winning start per partition [K]. A start whose bound cannot be evaluated as the trainer
     evaluates it (a factorisation that fails without the jitter ladder: tiny noise on a very
-    large partition) loses. The fit then starts afresh from each partition's winning start, so
-    that its result does not depend on how the screen batched the partitions (its end points
-    differ by rounding amplified along flat directions; its starts do not)."""
+    large partition) loses, and so does one whose bound ends above its likelihood's ceiling
+    (:meth:`~pyrogp_models.models.local.local_gps.LocalGPs.possible`). The fit then starts
+    afresh from each partition's winning start, so that its result does not depend on how the
+    screen batched the partitions (its end points differ by rounding amplified along flat
+    directions; its starts do not)."""
     K, R = starts.shape[:2]
     copies = np.arange(R)
     labels = np.asarray(partition.assignments)
@@ -208,7 +210,7 @@ def screen(build: Callable[..., torch.nn.Module], X: torch.Tensor, y: torch.Tens
         warnings.simplefilter("ignore", NotConvergedWarning)
         train(screen_model, config=config)
     screen_model.finalise()  # the collapsed bound's q(u) at its optimum: the ELBO is the bound
-    return best_start(screen_model.elbo().reshape(K, R)).cpu()
+    return best_start(screen_model.possible(screen_model.elbo()).reshape(K, R)).cpu()
 
 
 def screening_rows(labels: np.ndarray, limit: int, seed: int) -> np.ndarray:

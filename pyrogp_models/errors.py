@@ -86,6 +86,17 @@ class ConstantFitWarning(UserWarning):
         self.elbo, self.constant = elbo, constant
 
 
+class RoundingWarning(UserWarning):
+    """A fit's bound ended above what no ELBO reaches (its likelihood's
+    :meth:`~pyrogp_models.likelihoods.base.Likelihood.log_likelihood_ceiling`): the value is
+    rounding error, not a fit. ``partitions`` lists them; their modules are marked not
+    converged."""
+
+    def __init__(self, message: str, partitions: Sequence[int] = ()):
+        super().__init__(message)
+        self.partitions = list(partitions)
+
+
 class CandidateDroppedWarning(UserWarning):
     """A candidate of a compared fit (a default cGP's rank and noise) was left out: its fit to
     a held-out fold failed."""

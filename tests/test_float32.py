@@ -51,3 +51,26 @@ def test_float32_trains_and_predicts_like_float64(name):
                                           else (MEAN_TOLERANCE, VARIANCE_TOLERANCE))
     assert mean_error < mean_tolerance and variance_error < variance_tolerance, (
         f"float32 predictions {mean_error:.2g} sd and {variance_error:.2g} (variance) away")
+
+
+def test_a_float32_composite_fit_keeps_no_bound_above_its_ceiling():
+    """A trend and a yearly cycle in 3 partitions, ``rbf + periodic(period=1) * rbf``, every
+    default: in float32 one path of partition 0 runs its product's variances off to 10¹² over a
+    noise of 10⁻², where the bound's large terms cancel to rounding error (it read 1.9e10, far
+    above −½N log 2πσ², the most any fit reaches). The fit kept must be a fit: every module's
+    ELBO within 0.5 nats of the float64 fit's, and every module converged."""
+    from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local
+
+    from pyrogp_models.data.partitioners import partition_contiguous
+
+    rng = np.random.default_rng(0)
+    x = np.sort(rng.uniform(0.0, 6.0, 300))
+    y = 0.4 * x + np.sin(2 * np.pi * x) + 0.1 * rng.standard_normal(300)
+    data = (x[:, None], y, partition_contiguous(x[:, None], 3))
+    elbos = {}
+    for dtype in (torch.float64, torch.float32):
+        spec = LocalFitSpec(kernel="rbf + periodic(period=1) * rbf", dtype=dtype)
+        fit = fit_local(data, spec, default_config(spec))
+        assert all(module.info["converged"] for module in fit.modules.values())
+        elbos[dtype] = np.array([module.elbo for module in fit.modules.values()])
+    np.testing.assert_allclose(elbos[torch.float32], elbos[torch.float64], atol=0.5)

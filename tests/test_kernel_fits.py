@@ -173,6 +173,21 @@ def test_a_partition_taken_from_another_fit_takes_exactly_its_values():
     assert merged[1].elbo < list(ours.modules.values())[1].elbo - 1.0  # a fit of 2 steps
 
 
+def test_a_fit_in_two_paths_records_each_partitions_convergence_in_member_order():
+    """Partitions of unequal inducing sizes sit in different groups, so member order is not
+    partition order; after both paths of a given period (``given_first_too``) the record's
+    per-member verdicts must map back to the modules' own, partition by partition."""
+    X, y = seasonal_series(150, seed=2)
+    fit = fit_local((X, y, partition_contiguous(X, 3)),
+                    LocalFitSpec(num_inducing=[12, 8, 12], kernel="rbf + periodic(period=1)"),
+                    TrainConfig(optimizer="lbfgs", lr=1.0, steps=25, window=5, tol=1e-5))
+    order = torch.cat(fit.model.group_members).tolist()
+    assert order != sorted(order)
+    verdicts = [module.info["converged"] for module in fit.modules.values()]
+    assert fit.model.partition_values(fit.result.member_converged) == verdicts
+    assert fit.model.partition_values(fit.model.member_values(["a", "b", "c"])) == ["a", "b", "c"]
+
+
 def test_a_given_period_keeps_the_cycle_that_a_fit_in_one_part_loses():
     """Monthly Mauna Loa CO2 with whole summers held out (notebook 06), one partition, every
     default but the kernel: trained in one part, ``rbf + periodic(period=1) * rbf + rq + white``

@@ -10,13 +10,19 @@ import pyro
 import pytest
 import torch
 from pyro.nn import PyroModule, PyroParam
-from pyrogp_models.inference.local_fit import LocalFitSpec, default_config, fit_local, model_inputs
+from pyrogp_models.inference.local_fit import (
+    LocalFitSpec,
+    beyond_ceiling,
+    default_config,
+    fit_local,
+    model_inputs,
+)
 from pyrogp_models.inference.recycling import RecycleSpec, recycle
 from pyrogp_models.inference.trainer import TrainConfig, train
 
 from helpers import run_failing, write_csv
 from pyrogp_models.data.partitioners import Partition, partition_random
-from pyrogp_models.errors import NotConvergedWarning
+from pyrogp_models.errors import NotConvergedWarning, RoundingWarning
 from pyrogp_models.models.local.local_gps import LocalGPs
 from pyrogp_models.modules.stack import ModuleStack
 
@@ -214,3 +220,27 @@ def test_collapsed_fits_are_always_recyclable(steps):
                    TrainConfig(optimizer="lbfgs", lr=1.0, steps=3, tol=None))
     assert meta.model.min_precision_eigenvalue() >= 1.0 - 1e-9  # Λ_w = I + PSD sites
     assert meta.module.info["recycle"]["site_repairs"] == {}
+
+
+def test_no_fitted_bound_lies_above_its_ceiling_and_one_that_does_is_reported():
+    """The ceiling of a Gaussian partition is the log density of its targets met exactly,
+    Σ log N(y | y, σ²); every fitted ELBO lies below it. A module whose ELBO lies above it
+    (rounding error, not a fit) is named in a RoundingWarning."""
+    rng = np.random.default_rng(4)
+    X = rng.uniform(-2.0, 2.0, (90, 1))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(90)
+    fit = fit_local((X, y, partition_random(len(X), 3, seed=0)),
+                    LocalFitSpec(num_inducing=10, restarts=1))
+    ceiling = fit.model.elbo_ceiling()
+    for k, module in enumerate(fit.modules.values()):
+        noise = module.likelihood_params["variance"]
+        points = int((torch.as_tensor(fit.model.partition.assignments) == k).sum())
+        exact = torch.distributions.Normal(0.0, noise.sqrt()).log_prob(torch.zeros(points))
+        assert float(ceiling[k]) == pytest.approx(float(exact.sum()), rel=1e-12)
+        assert module.elbo < float(ceiling[k])
+    assert beyond_ceiling(fit.model, fit.modules, torch.float64) == []
+    tampered = dict(fit.modules)
+    name = list(tampered)[1]
+    tampered[name] = replace(tampered[name], elbo=float(ceiling[1]) + 1.0)
+    with pytest.warns(RoundingWarning, match=r"partitions \[1\]"):
+        assert beyond_ceiling(fit.model, tampered, torch.float64) == [1]

@@ -27,6 +27,7 @@ from pyrogp_models.errors import (
     ModuleFileError,
     NotConvergedWarning,
     PyrogpError,
+    RoundingWarning,
     UnroutableModulesError,
 )
 from pyrogp_models.io.formats import MODULE_FOLDER
@@ -210,14 +211,15 @@ def likelihood_options(args: argparse.Namespace, y: np.ndarray) -> dict:
 
 # Warnings -------------------------------------------------------------------------------------
 #: Warnings printed as they are, one line each.
-ONE_LINE_WARNINGS = (CandidateDroppedWarning, ConstantFitWarning)
+ONE_LINE_WARNINGS = (CandidateDroppedWarning, ConstantFitWarning, RoundingWarning)
 
 
 @contextlib.contextmanager
 def one_line_warnings(advice: str) -> Iterator[None]:
     """Print a fit's :class:`NotConvergedWarning` as one ``pyrogp: warning:`` line ending in
     ``advice`` (e.g. the flag that allows more steps), and a :class:`CandidateDroppedWarning`
-    or :class:`ConstantFitWarning` as one such line; other warnings pass through."""
+    , :class:`ConstantFitWarning` or :class:`RoundingWarning` as one such line; other warnings
+    pass through."""
     with warnings.catch_warnings(record=True) as caught:
         for category in (NotConvergedWarning, *ONE_LINE_WARNINGS):
             warnings.simplefilter("always", category)

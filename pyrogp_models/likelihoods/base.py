@@ -9,11 +9,13 @@ Every likelihood provides, for q(f) = N(m, v):
 - ``log_predictive(y, m, v)`` = log ∫ p(y|f) q(f) df, used for NLPD;
 - ``predictive_moments(m, v)``: mean and variance of y (class probabilities for classifiers);
 - ``distribution(f)``: p(y|f) for sampled f (posterior-predictive draws, pointwise log-lik);
-- ``constant_log_likelihood(y)``: the log likelihood of the best fit that ignores the inputs.
+- ``constant_log_likelihood(y)``: the log likelihood of the best fit that ignores the inputs;
+- ``log_likelihood_ceiling(counts)``: what no ELBO exceeds (a check on rounding).
 """
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
@@ -98,6 +100,12 @@ class Likelihood(PyroModule):
         distribution with batch shape [..., N]: posterior-predictive draws and pointwise
         log-likelihoods."""
         raise NotImplementedError
+
+    def log_likelihood_ceiling(self, counts: torch.Tensor) -> torch.Tensor:
+        """sup_f Σ_n log p(y_n | f_n) over ``counts`` [*batch] points of each batch member, at
+        the current parameters: no ELBO reaches above it (its KL is ≥ 0), so a bound evaluated
+        above it is rounding error. +∞ (no ceiling) unless a likelihood knows its own."""
+        return torch.full_like(counts, math.inf)
 
     def constant_log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
         """max_θ Σ_n log p(y_n | θ) over the family's distributions with one θ for all of

@@ -52,6 +52,10 @@ class Bernoulli(Likelihood):
         return quadrature.log_expectation(lambda f: self.log_prob_signed(sign.unsqueeze(-1) * f),
                                           mean, var)
 
+    def log_likelihood_ceiling(self, counts):
+        """0: a probability of a label is at most 1."""
+        return torch.zeros_like(counts)
+
     def constant_log_likelihood(self, y):
         """k log p̂ + (N − k) log(1 − p̂) with k ones among N labels, p̂ = k/N."""
         ones = y.sum()

@@ -162,6 +162,10 @@ class Categorical(Likelihood):
             probs = self._robustmax_probs(self._prob_is_max(mean, var))
         return probs, probs * (1.0 - probs)
 
+    def log_likelihood_ceiling(self, counts):
+        """0: a probability of a label is at most 1."""
+        return torch.zeros_like(counts)
+
     def constant_log_likelihood(self, y):
         """Softmax: Σ_c n_c log(n_c / N) with n_c labels of class c among N. Robust-max, whose
         distributions put 1 − ε on one class and ε/(C − 1) on each other: the most frequent

@@ -41,6 +41,10 @@ class Gaussian(Likelihood):
     def constant_log_likelihood(self, y):
         return gaussian_constant_log_likelihood(y)
 
+    def log_likelihood_ceiling(self, counts):
+        """−½N log 2πσ², the log likelihood of N targets met exactly."""
+        return -0.5 * counts * (_LOG_2PI + self.variance.log())
+
 
 def gaussian_constant_log_likelihood(y: torch.Tensor) -> torch.Tensor:
     """max over μ, σ² of Σ_n log N(y_n | μ, σ²) = −N/2 (log 2πσ̂² + 1), σ̂² the mean squared

@@ -17,6 +17,7 @@ the residual of a hierarchical regression).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -274,15 +275,40 @@ class LocalGPs(PyroModule):
             out[k] = value
         return out
 
+    def member_values(self, values: list) -> list:
+        """Per-partition values → the order of :meth:`member_objectives`, where every member is
+        one partition (the inverse of :meth:`partition_values`; empty stays empty)."""
+        if not values:
+            return []
+        return [values[k] for k in torch.cat(self.group_members).tolist()]
+
     @torch.no_grad()
     def elbo(self) -> torch.Tensor:
         """The exact ELBO of every partition, in partition order; [K]."""
-        out = None
-        for group, members in zip(self.groups, self.group_members, strict=True):
-            values = group.elbo()
-            out = values.new_empty(self.num_partitions) if out is None else out
+        return self._in_partition_order([group.elbo() for group in self.groups])
+
+    @torch.no_grad()
+    def elbo_ceiling(self) -> torch.Tensor:
+        """What no ELBO of a partition reaches above, in partition order [K]: its likelihood's
+        :meth:`~pyrogp_models.likelihoods.base.Likelihood.log_likelihood_ceiling` for its
+        points (+∞ where the likelihood knows none)."""
+        return self._in_partition_order([
+            group.likelihood.log_likelihood_ceiling(group.data_mask.sum(-1).to(group.data_X.dtype))
+            for group in self.groups])
+
+    def _in_partition_order(self, per_group: list[torch.Tensor]) -> torch.Tensor:
+        """Values of every group's members [K_g] → one tensor in partition order [K]."""
+        out = per_group[0].new_empty(self.num_partitions)
+        for values, members in zip(per_group, self.group_members, strict=True):
             out[members] = values
         return out
+
+    def possible(self, elbos: torch.Tensor) -> torch.Tensor:
+        """The partitions' ``elbos`` [K] with −∞ where one lies above :meth:`elbo_ceiling`:
+        rounding error, not a fit (float32 kernel values that ran off: a periodic × RBF
+        term's variances at 10¹² over a noise of 10⁻², where the bound's large terms cancel),
+        so that no choice between fits keeps it."""
+        return torch.where(elbos <= self.elbo_ceiling(), elbos, -math.inf)
 
     @torch.no_grad()
     def to_modules(self, standardisation: Standardisation, names: Sequence[str] | None = None,
