@@ -187,7 +187,7 @@ def train_local(data: PartitionedData | tuple, spec: LocalFitSpec | None = None,
         modules = model.to_modules(standardisation, spec.names,
                                    info={"partition_rule": partition.rule.get("kind"),
                                          **(spec.info or {})})
-    impossible = beyond_ceiling(model, modules, spec.dtype)
+    impossible = beyond_ceiling(model, modules)
     for k, module in enumerate(modules.values()):
         module.info["converged"] = k not in impossible and (
             bool(converged[k]) if converged else result.converged)
@@ -235,15 +235,15 @@ def given_first_too(model: LocalGPs, result: TrainResult, converged: list[bool],
                           else all(part.converged for part in used)), converged
 
 
-def beyond_ceiling(model: LocalGPs, modules: dict[str, Module], dtype: torch.dtype
-                   ) -> list[int]:
+def beyond_ceiling(model: LocalGPs, modules: dict[str, Module]) -> list[int]:
     """The partitions whose module's ELBO lies above its likelihood's ceiling
-    (:meth:`~pyrogp_models.models.local.local_gps.LocalGPs.possible`), with a
+    (:meth:`~pyrogp_models.models.local.local_gps.LocalGPs.above_ceiling`), with a
     :class:`~pyrogp_models.errors.RoundingWarning` naming them."""
-    ceiling = model.elbo_ceiling().tolist()
-    impossible = [k for k, module in enumerate(modules.values()) if not module.elbo <= ceiling[k]]
+    ceiling = model.elbo_ceiling()
+    elbos = ceiling.new_tensor([module.elbo for module in modules.values()])
+    impossible = torch.nonzero(model.above_ceiling(elbos)).squeeze(-1).tolist()
     if impossible:
-        advice = "; fit in float64" if dtype == torch.float32 else ""
+        advice = "; fit in float64" if ceiling.dtype == torch.float32 else ""
         warnings.warn(RoundingWarning(
             f"partitions {impossible} end at a bound above the most any fit reaches (the "
             f"likelihood's ceiling): rounding error, not a fit, their kernel values having run "

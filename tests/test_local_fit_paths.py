@@ -238,9 +238,9 @@ def test_no_fitted_bound_lies_above_its_ceiling_and_one_that_does_is_reported():
         exact = torch.distributions.Normal(0.0, noise.sqrt()).log_prob(torch.zeros(points))
         assert float(ceiling[k]) == pytest.approx(float(exact.sum()), rel=1e-12)
         assert module.elbo < float(ceiling[k])
-    assert beyond_ceiling(fit.model, fit.modules, torch.float64) == []
+    assert beyond_ceiling(fit.model, fit.modules) == []
     tampered = dict(fit.modules)
     name = list(tampered)[1]
     tampered[name] = replace(tampered[name], elbo=float(ceiling[1]) + 1.0)
     with pytest.warns(RoundingWarning, match=r"partitions \[1\]"):
-        assert beyond_ceiling(fit.model, tampered, torch.float64) == [1]
+        assert beyond_ceiling(fit.model, tampered) == [1]

@@ -303,12 +303,17 @@ class LocalGPs(PyroModule):
             out[members] = values
         return out
 
+    def above_ceiling(self, elbos: torch.Tensor) -> torch.Tensor:
+        """Which of the partitions' ``elbos`` [K] are not at or below :meth:`elbo_ceiling` (NaN
+        included): rounding error, not a fit (float32 kernel values that ran off: a periodic ×
+        RBF term's variances at 10¹² over a noise of 10⁻², where the bound's large terms
+        cancel)."""
+        return ~(elbos <= self.elbo_ceiling())
+
     def possible(self, elbos: torch.Tensor) -> torch.Tensor:
-        """The partitions' ``elbos`` [K] with −∞ where one lies above :meth:`elbo_ceiling`:
-        rounding error, not a fit (float32 kernel values that ran off: a periodic × RBF
-        term's variances at 10¹² over a noise of 10⁻², where the bound's large terms cancel),
-        so that no choice between fits keeps it."""
-        return torch.where(elbos <= self.elbo_ceiling(), elbos, -math.inf)
+        """The partitions' ``elbos`` [K] with −∞ where one lies :meth:`above_ceiling`, so that
+        no choice between fits keeps it."""
+        return torch.where(self.above_ceiling(elbos), -math.inf, elbos)
 
     @torch.no_grad()
     def to_modules(self, standardisation: Standardisation, names: Sequence[str] | None = None,
