@@ -1,7 +1,8 @@
 """The jitter ladder of ``gaussian/linalg.py``: relative jitter, a rung per failed batch member
 only, a clear error past the last rung, NaN instead of a host check when deferred (float64) or
 the same rungs climbed on the device (float32, or float64 when asked); the inverse Cholesky
-factor against a dense numpy inverse; the Gram's one-product backward against autograd's."""
+factor against a dense numpy inverse; the Gram's one-product backward and the log-determinant
+and solve's one-inverse backward against autograd's."""
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from pyrogp_models.gaussian.linalg import (
     cholesky,
     deferred_checks,
     gram,
+    half_logdet_and_solve,
     inverse_cholesky,
     logdet_from_cholesky,
 )
@@ -141,3 +143,32 @@ def test_the_gram_and_its_one_product_backward_match_autograd_of_the_two_operand
     (expected,) = torch.autograd.grad(((matrix.mT @ matrix) * weights).sum(), matrix)
     (actual,) = torch.autograd.grad((gram(matrix) * weights).sum(), matrix)
     torch.testing.assert_close(actual, expected, rtol=1e-13, atol=1e-13)
+
+
+def test_the_half_logdet_and_solve_and_its_one_inverse_backward_match_autograd_of_the_factor():
+    """A = I + WᵀW from a batch of leaves W (symmetric, as every caller's matrix), two right-hand
+    sides, outputs weighted by fixed non-symmetric weights: values, finite differences and
+    autograd through torch's own Cholesky factor agree."""
+    generator = torch.Generator().manual_seed(5)
+    leaf = torch.randn(3, 9, 6, dtype=torch.float64, generator=generator, requires_grad=True)
+    rhs = torch.randn(3, 6, 2, dtype=torch.float64, generator=generator, requires_grad=True)
+    weights = torch.randn(3, 6, 2, dtype=torch.float64, generator=generator)
+    eye = torch.eye(6, dtype=torch.float64)
+
+    def ours(leaf, rhs):
+        half_logdet, solution = half_logdet_and_solve(eye + leaf.mT @ leaf, rhs)
+        return half_logdet.sum() + (solution * weights).sum()
+
+    def autograd(leaf, rhs):
+        factor = torch.linalg.cholesky(eye + leaf.mT @ leaf)
+        return (factor.diagonal(dim1=-2, dim2=-1).log().sum()
+                + (torch.cholesky_solve(rhs, factor) * weights).sum())
+
+    assert torch.autograd.gradcheck(ours, (leaf, rhs))
+    assert float(ours(leaf, rhs)) == pytest.approx(float(autograd(leaf, rhs)), rel=1e-13)
+    for actual, expected in zip(torch.autograd.grad(ours(leaf, rhs), (leaf, rhs)),
+                                torch.autograd.grad(autograd(leaf, rhs), (leaf, rhs)),
+                                strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-11, atol=1e-12)
+    with pytest.raises(CholeskyError, match="test matrix"):
+        half_logdet_and_solve(with_smallest_eigenvalue(-0.05), rhs[0].detach(), what="test matrix")

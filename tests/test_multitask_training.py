@@ -185,7 +185,7 @@ def test_a_transfer_start_in_float32_keeps_its_identities_and_trains():
 def test_a_deep_fit_stopped_by_patience_returns_to_its_best_precise_window_end_in_float32(
         monkeypatch):
     """The deep phase's windows are judged by :func:`estimate_elbo` at their ends (recorded
-    here); a fit stopped by ``patience`` (Adam at a learning rate of 1, which wrecks the fit) is
+    here); a fit stopped by ``patience`` (Adam at a learning rate of 5, which wrecks the fit) is
     back at the window end with the highest of them: its phase's ELBO is that value. In float32
     (the default dtype float64: a tensor made without the model's dtype would show)."""
     import pyrogp_models.inference.multitask_fit as multitask_fit
@@ -199,7 +199,7 @@ def test_a_deep_fit_stopped_by_patience_returns_to_its_best_precise_window_end_i
 
     monkeypatch.setattr(multitask_fit, "estimate_elbo", recording)
     spec = MultitaskSpec(model="smdgp", num_inducing=6, dtype=torch.float32)
-    config = TrainConfig(lr=1.0, steps=300, window=10, tol=None, patience=1, seed=0)
+    config = TrainConfig(lr=5.0, steps=300, window=10, tol=None, patience=1, seed=0)
     fit = fit_multitask_dgp(toy_tasks(20, seed=0), spec, config)
     deep = fit.phases[1]
     assert deep.returned_to is not None  # the loss rose: stopped by patience

@@ -25,8 +25,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from pyrogp_models.gaussian.linalg import cholesky, gram, triangular_solve
+from pyrogp_models.gaussian.linalg import gram, half_logdet_and_solve
 
 
 def collapsed_bound(features: torch.Tensor, residuals: torch.Tensor, weights: torch.Tensor,
@@ -37,9 +38,9 @@ def collapsed_bound(features: torch.Tensor, residuals: torch.Tensor, weights: to
     weighted = features * (weights.sqrt() * noise.rsqrt()).unsqueeze(-1)  # √0 of a padded row
     # is a constant: its infinite derivative never meets the noise's gradient
     projected = features.mT @ (precision * residuals).unsqueeze(-1)
-    B_chol, mean = _optimum(gram(weighted), projected)
+    half_logdet, mean = _optimum(gram(weighted), projected)
     fitted = (features @ mean).squeeze(-1)
-    return _bound(B_chol, mean, residuals - fitted, precision, weights, noise, unexplained)
+    return _bound(half_logdet, mean, residuals - fitted, precision, weights, noise, unexplained)
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,11 @@ class StructuredFeatures:
 
     def gram(self, precision: torch.Tensor) -> torch.Tensor:
         """Φᵀ diag(β) Φ [R·M, R·M] for β [N], block by block at the distinct inputs."""
-        rank, size, num_inputs = self.projections.shape
+        rank, _, num_inputs = self.projections.shape
         pairs = ((precision.unsqueeze(-1) * self.coefficients).unsqueeze(-1)
                  * self.coefficients.unsqueeze(-2))
         pairs = pairs.new_zeros(num_inputs, rank, rank).index_add(0, self.inputs, pairs)
-        scaled = self.projections.unsqueeze(1) * pairs.permute(1, 2, 0).unsqueeze(-2)
-        blocks = scaled @ self.projections.mT.unsqueeze(0)                    # [R, R, M, M]
-        return blocks.transpose(1, 2).reshape(rank * size, rank * size)
+        return _BlockGram.apply(self.projections, pairs.permute(1, 2, 0))
 
     def transpose_times(self, values: torch.Tensor) -> torch.Tensor:
         """Φᵀv [R·M] for v [N]."""
@@ -85,32 +84,62 @@ class StructuredFeatures:
         return (self.coefficients.square() * variances.mT[self.inputs]).sum(-1)
 
 
+class _BlockGram(torch.autograd.Function):
+    """G [R·M, R·M] with blocks G_rs = A_r diag(p_rs) A_sᵀ from projections A [R, M, U] and
+    weights p [R, R, U] symmetric in (r, s): the blocks with r ≤ s are computed and the others
+    are their transposes, and the backward, with S = Ḡ + Ḡᵀ and H_rs = S_rs A_s, is
+    Ā_r = Σ_s H_rs diag(p_rs) and p̄_rs = ½ Σ_i A_r ∘ H_rs: one product per block, where
+    autograd takes two."""
+
+    @staticmethod
+    def forward(ctx, projections: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+        rank, size, _ = projections.shape
+        first, second = torch.triu_indices(rank, rank, device=projections.device)
+        upper = ((projections[first] * pairs[first, second].unsqueeze(-2))
+                 @ projections[second].mT)                                      # [P, M, M]
+        blocks = projections.new_empty(rank, rank, size, size)
+        blocks[second, first] = upper.mT
+        blocks[first, second] = upper
+        ctx.save_for_backward(projections, pairs)
+        return blocks.transpose(1, 2).reshape(rank * size, rank * size)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        projections, pairs = ctx.saved_tensors
+        rank, size, _ = projections.shape
+        both = (grad + grad.mT).reshape(rank, size, rank, size).transpose(1, 2)  # S [R, R, M, M]
+        products = both @ projections.unsqueeze(0)                               # H [R, R, M, U]
+        grad_projections = (products * pairs.unsqueeze(-2)).sum(1)
+        grad_pairs = 0.5 * (projections.unsqueeze(1) * products).sum(-2)
+        return grad_projections, grad_pairs
+
+
 def structured_collapsed_bound(features: StructuredFeatures, residuals: torch.Tensor,
                                weights: torch.Tensor, noise: torch.Tensor,
                                unexplained: torch.Tensor) -> torch.Tensor:
     """F (a scalar) for N rows with :class:`StructuredFeatures`; residuals, weights, noise and
     unexplained as for :func:`collapsed_bound` [N]."""
     precision = weights / noise
-    B_chol, mean = _optimum(features.gram(precision),
-                            features.transpose_times(precision * residuals).unsqueeze(-1))
+    half_logdet, mean = _optimum(features.gram(precision),
+                                 features.transpose_times(precision * residuals).unsqueeze(-1))
     fitted = features.times(mean)
-    return _bound(B_chol, mean, residuals - fitted, precision, weights, noise, unexplained)
+    return _bound(half_logdet, mean, residuals - fitted, precision, weights, noise, unexplained)
 
 
 def _optimum(gram_matrix: torch.Tensor, projected: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """L_B = chol(I + ΦᵀβΦ) and m* = B⁻¹Φᵀβr [..., K, 1] from ΦᵀβΦ and Φᵀβr."""
+    """Σ log diag L_B = ½ log|B| and m* = B⁻¹Φᵀβr [..., K, 1] from ΦᵀβΦ and Φᵀβr (B = I + ΦᵀβΦ)."""
     eye = torch.eye(gram_matrix.shape[-1], dtype=gram_matrix.dtype, device=gram_matrix.device)
-    B_chol = cholesky(eye + gram_matrix, 0.0, what="collapsed-bound matrix I + ΦᵀβΦ")
-    mean = triangular_solve(B_chol, triangular_solve(B_chol, projected), transpose=True)
-    return B_chol, mean
+    return half_logdet_and_solve(eye + gram_matrix, projected,
+                                 what="collapsed-bound matrix I + ΦᵀβΦ")
 
 
-def _bound(B_chol: torch.Tensor, mean: torch.Tensor, errors: torch.Tensor,
+def _bound(half_logdet: torch.Tensor, mean: torch.Tensor, errors: torch.Tensor,
            precision: torch.Tensor, weights: torch.Tensor, noise: torch.Tensor,
            unexplained: torch.Tensor) -> torch.Tensor:
-    """F from L_B, m*, the errors e = r − Φm* and the rows' β, w, σ² and d."""
+    """F from Σ log diag L_B, m*, the errors e = r − Φm* and the rows' β, w, σ² and d."""
     return (-0.5 * (weights * torch.log(2 * math.pi * noise)).sum(-1)
             - 0.5 * (precision * errors.square()).sum(-1) - 0.5 * mean.square().sum((-2, -1))
-            - B_chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+            - half_logdet
             - 0.5 * (precision * unexplained).sum(-1))

@@ -22,6 +22,7 @@ import contextvars
 from collections.abc import Iterator
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from pyrogp_models.errors import CholeskyError
 
@@ -153,6 +154,39 @@ def cholesky_solve(lower: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
 def logdet_from_cholesky(lower: torch.Tensor) -> torch.Tensor:
     """log|A| = 2 Σ log diag(L)."""
     return 2.0 * lower.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+
+
+class _HalfLogdetAndSolve(torch.autograd.Function):
+    """(½ log|A|, X = A⁻¹B) by the Cholesky factor L of a symmetric positive definite A, with the
+    backward B̄ = V = A⁻¹X̄ and Ā = ½ h̄ A⁻¹ − ½(VXᵀ + XVᵀ) (from dX = A⁻¹(dB − dA X) and
+    d½log|A| = ½ tr A⁻¹dA): one Cholesky inverse, where autograd differentiates L itself, which
+    costs about four times as much (K = 720: 15 against 60 ms). First derivatives only."""
+
+    @staticmethod
+    def forward(ctx, matrix: torch.Tensor, rhs: torch.Tensor, what: str):
+        lower = cholesky(matrix, 0.0, what=what)
+        solution = triangular_solve(lower, triangular_solve(lower, rhs), transpose=True)
+        ctx.save_for_backward(lower, solution)
+        return lower.diagonal(dim1=-2, dim2=-1).log().sum(-1), solution
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_half_logdet: torch.Tensor, grad_solution: torch.Tensor):
+        lower, solution = ctx.saved_tensors
+        grad_rhs = torch.cholesky_solve(grad_solution, lower)
+        outer = grad_rhs @ solution.mT
+        grad_matrix = (0.5 * grad_half_logdet[..., None, None] * torch.cholesky_inverse(lower)
+                       - 0.5 * (outer + outer.mT))
+        return grad_matrix, grad_rhs, None
+
+
+def half_logdet_and_solve(matrix: torch.Tensor, rhs: torch.Tensor,
+                          what: str = "covariance matrix"
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(½ log|A| [...], A⁻¹B [..., K, J]) for A [..., K, K] symmetric positive definite (no
+    jitter; :func:`cholesky` names ``what`` if it fails), differentiable at the cost of one
+    Cholesky inverse."""
+    return _HalfLogdetAndSolve.apply(matrix, rhs, what)
 
 
 class _Gram(torch.autograd.Function):
