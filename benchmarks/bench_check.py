@@ -2,13 +2,14 @@
 
 Each check times one operation of a benchmark — the meta-GP objective at K = 1000 and 5000, one
 objective of the batched local fits at K = 1000, one distributed-kernel objective, one multitask
-ELBO, one multitask classifier's ELBO, the command-line pipeline at 10⁵ points — in rounds,
-each bracketed by the reference operation (:mod:`_reference`) timed just before and just after
-it. Its *figure* is the median over rounds of (operation time / reference time), so a slower or
-busier machine does not read as a regression; times are CPU seconds of this process and its
-finished children (one torch thread: CPU time is what the work cost, whatever else the machine
-runs). The figures are compared with ``benchmarks/results/bench_check.json``: a check whose
-figure grew beyond ``--tolerance`` (1.5×) fails the run (exit status 1).
+ELBO, one multitask classifier's ELBO, one coregionalised GP's collapsed bound, the command-line
+pipeline at 10⁵ points — in rounds, each bracketed by the reference operation (:mod:`_reference`)
+timed just before and just after it. Its *figure* is the median over rounds of (operation time /
+reference time), so a slower or busier machine does not read as a regression; times are CPU
+seconds of this process and its finished children (one torch thread: CPU time is what the work
+cost, whatever else the machine runs). The figures are compared with
+``benchmarks/results/bench_check.json``: a check whose figure grew beyond ``--tolerance`` (1.5×)
+fails the run (exit status 1).
 
 Usage::
 
@@ -224,6 +225,36 @@ def _multitask_classifier_elbo() -> Callable[[], object]:
     return run
 
 
+def _multitask_cgp_collapsed() -> Callable[[], object]:
+    """The Gaussian cGP (R = 2, noise correlated across the outputs at one input) of
+    ``multitask_dgp``'s gilgai table with every row an inducing input (R·M = 730), untrained:
+    one evaluation of its collapsed bound and the gradient, what each L-BFGS iteration of a
+    default cGP fit and of every fold of its candidates' comparison costs."""
+    import warnings
+    from dataclasses import replace
+
+    import multitask_dgp
+    from pyrogp_models.inference.multitask_fit import (
+        MultitaskSpec,
+        default_config,
+        fit_multitask_dgp,
+    )
+
+    X, _, Y = multitask_dgp.gilgai_table()
+    pairs = [(X, Y[:, task]) for task in range(Y.shape[1])]
+    spec = MultitaskSpec(model="cgp", coregional_rank=2, noise="correlated")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no steps: "not converged"
+        model = fit_multitask_dgp(pairs, spec, replace(default_config(spec), steps=0)).model
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        with model.collapsed_objective():
+            (-model.collapsed_bound()).backward()
+
+    return run
+
+
 def _cli_pipeline() -> Callable[[], object]:
     """fit-local, recycle and evaluate as the user runs them, on 10⁵ points in 500 partitions
     (the 10⁶-point benchmark at a tenth of its size)."""
@@ -272,6 +303,9 @@ CHECKS: tuple[Check, ...] = (
     Check("multitask_classifier_cgp", "multitask_classifier",
           "multitask classifier: Bernoulli cGP ELBO + gradient, 399 rows, R = 2",
           _multitask_classifier_elbo),
+    Check("multitask_cgp_collapsed", "multitask_dgp",
+          "multitask cGP: collapsed bound + gradient, 4 × 365 rows, every row inducing, R = 2",
+          _multitask_cgp_collapsed),
     Check("cli_pipeline_1e5", "cli_end_to_end",
           "command line: fit-local + recycle + evaluate, 10⁵ points, 500 partitions",
           _cli_pipeline, rounds=1),
