@@ -173,7 +173,7 @@ class _HalfLogdetAndSolve(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_half_logdet: torch.Tensor, grad_solution: torch.Tensor):
         lower, solution = ctx.saved_tensors
-        grad_rhs = torch.cholesky_solve(grad_solution, lower)
+        grad_rhs = cholesky_solve(lower, grad_solution)
         outer = grad_rhs @ solution.mT
         grad_matrix = (0.5 * grad_half_logdet[..., None, None] * torch.cholesky_inverse(lower)
                        - 0.5 * (outer + outer.mT))
